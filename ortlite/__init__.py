@@ -1,0 +1,14 @@
+"""ortlite: run PyTorch graphs in ONNX Runtime, with little per-call overhead.
+
+    fast = torch.compile(model, backend=ortlite.backend)       # or backend="ortlite"
+    be = ortlite.Backend(ortlite.Options(fallback="error")); torch.compile(model, backend=be)
+"""
+
+from .backend import Backend, Stats, UnsupportedError
+from .options import Options
+
+backend = Backend()
+"""The default backend. torch.compile(..., options={...}) routes to a cached Backend for those options."""
+
+__all__ = ["Backend", "Options", "Stats", "UnsupportedError", "backend"]
+__version__ = "0.1.0"

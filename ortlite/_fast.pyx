@@ -1,0 +1,225 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The per-call hot path: check arguments against the session's input schema, bind them
+by data pointer, allocate and bind outputs, run, and hand results back.
+
+Everything that can be is computed once, when the Runner is built (ortlite/runner.py).
+Per call it touches only the arguments, the pybind session and an IOBinding taken from
+a small pool (one per concurrent caller: bindings are not thread-safe).
+"""
+
+from libc.stdint cimport int64_t, uintptr_t
+
+import torch
+
+cdef object Tensor = torch.Tensor
+cdef object empty_like = torch.empty_like
+
+# Argument kinds and output sources; ortlite/runner.py maps ortlite.lower's names to these.
+cdef enum:
+    K_TENSOR = 0
+    K_INT = 1
+    K_FLOAT = 2
+    K_BOOL = 3
+    K_UNUSED = 4
+
+cdef enum:
+    S_ORT = 0
+    S_INPUT = 1
+    S_CONST = 2
+
+ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL, "unused": K_UNUSED}
+OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST}
+
+
+cdef class _Binding:
+    """One IOBinding plus what was last bound to it, and buffers for scalar arguments."""
+    cdef object iob
+    cdef list bound_ptrs
+    cdef list bound_shapes
+    cdef list scalar_buffers     # 0-d tensors, bound once, written in place per call
+    cdef list scalar_ptrs
+
+
+cdef class Runner:
+    cdef readonly str name
+    cdef object sess
+    cdef object run_options
+    cdef object binding_factory
+    cdef Py_ssize_t n_args
+    cdef list kinds
+    cdef list in_names
+    cdef list in_dtypes
+    cdef list in_elem_types
+    cdef list in_ort_devices
+    cdef list in_device_index   # -1 for CPU, N for cuda:N
+    cdef list in_shapes         # expected shape; -1 marks a dynamic dim
+    cdef list in_static         # bool: every dim static
+    cdef list out_names
+    cdef list out_elem_types
+    cdef list out_ort_devices
+    cdef list out_templates     # tensors whose empty_like is the output buffer
+    cdef list out_shapes
+    cdef list plan_source
+    cdef list plan_index
+    cdef list plan_value
+    cdef list plan_scalar
+    cdef bint single_output     # the graph returns exactly one ORT output, as a 1-tuple
+    cdef bint returns_tuple     # False: return the single result bare (fused FX submodules)
+    cdef list pool
+    cdef public long runs
+    cdef readonly bint _boxed_call  # aot_autograd's convention: one list argument, cleared by the callee
+
+    def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, bint returns_tuple=True, bint boxed=False):
+        """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
+        outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
+        plan: (source, index, value, as_scalar) per graph output."""
+        self.name = name
+        self.sess = sess
+        self.run_options = run_options
+        self.binding_factory = binding_factory
+        self.n_args = len(inputs)
+        self.kinds = [i[0] for i in inputs]
+        self.in_names = [i[1] for i in inputs]
+        self.in_dtypes = [i[2] for i in inputs]
+        self.in_elem_types = [i[3] for i in inputs]
+        self.in_ort_devices = [i[4] for i in inputs]
+        self.in_device_index = [i[5] for i in inputs]
+        self.in_shapes = [tuple(i[6]) if i[6] is not None else None for i in inputs]
+        self.in_static = [i[6] is not None and -1 not in i[6] for i in inputs]
+        self.out_names = [o[0] for o in outputs]
+        self.out_elem_types = [o[1] for o in outputs]
+        self.out_ort_devices = [o[2] for o in outputs]
+        self.out_templates = [o[3] for o in outputs]
+        self.out_shapes = [tuple(o[4]) for o in outputs]
+        self.plan_source = [p[0] for p in plan]
+        self.plan_index = [p[1] for p in plan]
+        self.plan_value = [p[2] for p in plan]
+        self.plan_scalar = [p[3] for p in plan]
+        self.single_output = len(plan) == 1 and plan[0][0] == S_ORT and not plan[0][3]
+        self.returns_tuple = returns_tuple
+        self._boxed_call = boxed
+        self.pool = []
+        self.runs = 0
+
+    cdef _Binding _new_binding(self):
+        cdef _Binding b = _Binding()
+        cdef Py_ssize_t i
+        b.iob = self.binding_factory()
+        b.bound_ptrs = [None] * self.n_args
+        b.bound_shapes = [None] * self.n_args
+        b.scalar_buffers = [None] * self.n_args
+        b.scalar_ptrs = [0] * self.n_args
+        for i in range(self.n_args):
+            kind = self.kinds[i]
+            if kind == K_INT or kind == K_FLOAT or kind == K_BOOL:
+                buf = torch.zeros((), dtype=self.in_dtypes[i])
+                b.scalar_buffers[i] = buf
+                b.scalar_ptrs[i] = buf.data_ptr()
+                b.iob.bind_input(self.in_names[i], self.in_ort_devices[i], self.in_elem_types[i], (), buf.data_ptr())
+        return b
+
+    def __call__(self, *args):
+        cdef Py_ssize_t i, n
+        cdef int kind
+        cdef _Binding b
+        cdef uintptr_t p
+        if self._boxed_call:
+            boxed = args[0]
+            args = tuple(boxed)
+            boxed.clear()  # lets aot_autograd's inputs be freed as early as in eager
+        n = len(args)
+        if n != self.n_args:
+            raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
+        b = self.pool.pop() if self.pool else self._new_binding()
+        keep_alive = None
+        try:
+            for i in range(n):
+                kind = self.kinds[i]
+                a = args[i]
+                if kind == K_TENSOR:
+                    if not isinstance(a, Tensor) or a.dtype is not self.in_dtypes[i] or not self._device_ok(i, a):
+                        self._mismatch(i, a)
+                    shape = a.shape
+                    if self.in_static[i]:
+                        if shape != self.in_shapes[i]:
+                            self._mismatch(i, a)
+                    elif not self._dims_ok(i, shape):
+                        self._mismatch(i, a)
+                    if not a.is_contiguous():
+                        a = a.contiguous()
+                        if keep_alive is None:
+                            keep_alive = [a]
+                        else:
+                            keep_alive.append(a)
+                    ptr = a.data_ptr()
+                    if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
+                        b.iob.bind_input(self.in_names[i], self.in_ort_devices[i], self.in_elem_types[i], shape, ptr)
+                        b.bound_ptrs[i] = ptr
+                        b.bound_shapes[i] = shape
+                elif kind == K_INT:
+                    p = b.scalar_ptrs[i]
+                    (<int64_t*>p)[0] = a
+                elif kind == K_FLOAT:
+                    p = b.scalar_ptrs[i]
+                    (<double*>p)[0] = a
+                elif kind == K_BOOL:
+                    p = b.scalar_ptrs[i]
+                    (<char*>p)[0] = 1 if a else 0
+            outs = []
+            for i in range(len(self.out_names)):
+                out = empty_like(self.out_templates[i])
+                b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], self.out_shapes[i], out.data_ptr())
+                outs.append(out)
+            try:
+                self.sess.run_with_iobinding(b.iob, self.run_options)
+            except Exception as e:
+                raise RuntimeError(
+                    f"ortlite: ONNX Runtime failed running graph {self.name}: {e}\n"
+                    f"inputs: {self.describe_inputs()}; set ORTLITE_DUMP_DIR to write the model for inspection"
+                ) from None
+            self.runs += 1
+        finally:
+            self.pool.append(b)
+        if self.single_output:
+            return (outs[0],) if self.returns_tuple else outs[0]
+        results = self._results(outs, args)
+        return results if self.returns_tuple else results[0]
+
+    cdef tuple _results(self, list outs, tuple args):
+        cdef Py_ssize_t i, n = len(self.plan_source)
+        results = []
+        for i in range(n):
+            source = self.plan_source[i]
+            if source == S_ORT:
+                r = outs[self.plan_index[i]]
+                results.append(r.item() if self.plan_scalar[i] else r)
+            elif source == S_INPUT:
+                results.append(args[self.plan_index[i]])
+            else:
+                results.append(self.plan_value[i])
+        return tuple(results)
+
+    cdef bint _device_ok(self, Py_ssize_t i, a):
+        index = self.in_device_index[i]
+        if index == -1:
+            return a.is_cpu
+        return a.is_cuda and a.get_device() == index
+
+    cdef bint _dims_ok(self, Py_ssize_t i, shape):
+        expected = self.in_shapes[i]
+        if len(shape) != len(expected):
+            return False
+        for got, want in zip(shape, expected):
+            if want != -1 and got != want:
+                return False
+        return True
+
+    cdef _mismatch(self, Py_ssize_t i, a):
+        from ortlite.runner import describe_mismatch
+        raise describe_mismatch(self.name, i, self.in_names[i], self.in_dtypes[i], self.in_device_index[i], self.in_shapes[i], a)
+
+    def describe_inputs(self):
+        return [
+            (self.in_names[i], str(self.in_dtypes[i]), self.in_shapes[i])
+            for i in range(self.n_args) if self.kinds[i] == K_TENSOR
+        ]

@@ -1,0 +1,137 @@
+"""Lowering of an aten FX graph to one ONNX model, plus the plan the runner needs to call it."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import onnx
+import torch
+import torch.fx
+
+from . import ops  # noqa: F401  (registers the op table)
+from .builder import GraphBuilder, Value
+from .registry import LOWERINGS, meta, unsupported_reason
+
+__all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "lower_graph", "unsupported_reason"]
+
+# What the runner receives for each graph argument.
+TENSOR, INT, FLOAT, BOOL, UNUSED = "tensor", "int", "float", "bool", "unused"
+SCALAR_DTYPES = {INT: torch.int64, FLOAT: torch.float64, BOOL: torch.bool}
+
+
+class LoweringError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class InputSpec:
+    kind: str  # TENSOR, INT, FLOAT, BOOL or UNUSED
+    name: str | None = None  # the ONNX input name
+    dtype: torch.dtype | None = None
+    shape: tuple = ()
+    device: torch.device | None = None
+
+
+@dataclasses.dataclass
+class OutputSpec:
+    source: str  # "ort" (index into the ONNX outputs), "input" (an argument passed through) or "const"
+    index: int = 0
+    value: object = None
+    as_scalar: bool = False  # a 0-d ORT result the graph expects as a Python number
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    model: onnx.ModelProto
+    inputs: list[InputSpec]
+    outputs: list[OutputSpec]
+    ort_outputs: list[InputSpec]  # name, dtype, shape, device of each ONNX output
+    returns_tuple: bool = True  # False: the graph returns its single output bare
+
+
+def _scalar_kind(val) -> str | None:
+    if isinstance(val, (bool, torch.SymBool)):
+        return BOOL
+    if isinstance(val, (int, torch.SymInt)):
+        return INT
+    if isinstance(val, (float, torch.SymFloat)):
+        return FLOAT
+    return None
+
+
+def lower_graph(gm: torch.fx.GraphModule, name: str, opset: int) -> LoweredGraph:
+    g = GraphBuilder(name, opset)
+    env: dict[torch.fx.Node, object] = {}
+    inputs: list[InputSpec] = []
+
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = meta(node)
+            if not node.users:
+                inputs.append(InputSpec(UNUSED))
+                continue
+            if isinstance(val, torch.Tensor):
+                spec = InputSpec(TENSOR, g.fresh(node.name), val.dtype, tuple(val.shape), val.device)
+            elif _scalar_kind(val) is not None:
+                kind = _scalar_kind(val)
+                spec = InputSpec(kind, g.fresh(node.name), SCALAR_DTYPES[kind], ())
+            else:
+                raise LoweringError(f"graph input {node.name} has unsupported meta value {val!r}")
+            g.add_input(spec.name, spec.dtype, spec.shape)
+            env[node] = Value(spec.name, spec.dtype, spec.shape)
+            inputs.append(spec)
+        elif node.op == "call_function":
+            env[node] = _lower_node(g, node, env)
+        elif node.op == "output":
+            outputs, ort_outputs = _lower_outputs(g, node, env, inputs)
+            returns_tuple = isinstance(node.args[0], (tuple, list))
+        else:
+            raise LoweringError(f"cannot lower FX node {node.format_node()}")
+    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple)
+
+
+def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):
+    if node.target is operator.getitem:
+        source, index = node.args
+        return env[source][index]
+    reason = unsupported_reason(node)
+    if reason is not None:
+        raise LoweringError(f"{node.target}: {reason}")
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
+    result = LOWERINGS[node.target].fn(g, node, *args, **kwargs)
+    val = meta(node)
+    if isinstance(val, (tuple, list)):
+        return tuple(
+            Value(r, v.dtype, v.shape) if isinstance(v, torch.Tensor) and r is not None else None for r, v in zip(result, val)
+        )
+    return Value(result, val.dtype, val.shape)
+
+
+def _lower_outputs(g: GraphBuilder, node: torch.fx.Node, env: dict, inputs: list[InputSpec]):
+    placeholders = {n: i for i, n in enumerate(n for n in node.graph.nodes if n.op == "placeholder")}
+    outputs: list[OutputSpec] = []
+    ort_outputs: list[InputSpec] = []
+    ort_index: dict[str, int] = {}
+    graph_input_names = {spec.name for spec in inputs if spec.name}
+    initializer_names = {t.name for t in g.initializers}
+    (results,) = node.args
+    for result in results if isinstance(results, (tuple, list)) else [results]:
+        if not isinstance(result, torch.fx.Node):
+            outputs.append(OutputSpec("const", value=result))
+            continue
+        if result in placeholders:
+            outputs.append(OutputSpec("input", index=placeholders[result]))
+            continue
+        value = env[result]
+        val = meta(result)
+        if value in graph_input_names or value in initializer_names:
+            value = Value(g.op("Identity", value), value.dtype, value.shape)
+        if value not in ort_index:
+            ort_index[value] = len(ort_outputs)
+            dtype, shape = value.dtype, value.shape
+            device = val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
+            g.add_output(value, dtype, shape)
+            ort_outputs.append(InputSpec(TENSOR, value, dtype, shape, device))
+        outputs.append(OutputSpec("ort", index=ort_index[value], as_scalar=not isinstance(val, torch.Tensor)))
+    return outputs, ort_outputs

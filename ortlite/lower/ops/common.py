@@ -1,0 +1,64 @@
+"""Helpers shared by the op table: type promotion, scalars, dims."""
+
+from __future__ import annotations
+
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from ..builder import GraphBuilder, Value
+from ..registry import meta
+
+aten = torch.ops.aten
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def out_val(node) -> torch.Tensor:
+    return meta(node)
+
+
+def out_dtype(node) -> torch.dtype:
+    return meta(node).dtype
+
+
+def out_shape(node) -> tuple:
+    return tuple(meta(node).shape)
+
+
+def arg_val(node, index: int, name: str | None = None, default=None):
+    """The meta value of one of node's arguments (by position, or by keyword name)."""
+    if index < len(node.args):
+        return meta(node.args[index])
+    if name is not None and name in node.kwargs:
+        return meta(node.kwargs[name])
+    return default
+
+
+def promoted_dtype(*operands, kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT) -> torch.dtype:
+    """aten's result dtype for operands that are meta tensors or Python numbers."""
+    operands = [o for o in operands if o is not None]
+    return elementwise_dtypes(*operands, type_promotion_kind=kind)[1]
+
+
+def as_value(g: GraphBuilder, x, dtype: torch.dtype) -> Value:
+    """A tensor Value cast to dtype, or a Python number made a 0-d constant of dtype."""
+    if isinstance(x, Value):
+        return g.cast(x, dtype)
+    return g.const(x, dtype)
+
+
+def norm_dim(dim: int, rank: int) -> int:
+    return dim + rank if dim < 0 else dim
+
+
+def norm_dims(dims, rank: int) -> list[int]:
+    if dims is None:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return [norm_dim(d, max(rank, 1)) for d in dims]
+
+
+def is_float(dtype: torch.dtype) -> bool:
+    return dtype in FLOAT_DTYPES

@@ -1,0 +1,52 @@
+"""Reductions over dim lists, keepdim and dtype."""
+
+from __future__ import annotations
+
+import math
+
+from ..registry import lower
+from .common import aten, norm_dims, out_dtype
+
+
+def _reduce(g, node, op_type, x, dims, keepdim):
+    x = g.cast(x, out_dtype(node))
+    if x.rank == 0:
+        return g.op("Identity", x)
+    # aten: an empty (or absent) dim list reduces every dim
+    axes = norm_dims(dims, x.rank) if dims else []
+    if not axes:
+        return g.op(op_type, x, keepdims=int(keepdim))
+    return g.op(op_type, x, g.ints(axes), keepdims=int(keepdim))
+
+
+def _reduced_count(node) -> int:
+    x = node.args[0].meta["val"]
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if x.dim() == 0:
+        return 1
+    axes = norm_dims(dims, x.dim()) if dims else range(x.dim())
+    return math.prod(x.shape[a] for a in axes)
+
+
+def _nonempty_check(node):
+    return "reduction over an empty dim" if _reduced_count(node) == 0 else None
+
+
+@lower(aten.sum.dim_IntList, aten.sum.default)
+def sum_(g, node, x, dim=None, keepdim=False, *, dtype=None):
+    return _reduce(g, node, "ReduceSum", x, dim, keepdim)
+
+
+@lower(aten.mean.dim, aten.mean.default, check=_nonempty_check)
+def mean(g, node, x, dim=None, keepdim=False, *, dtype=None):
+    return _reduce(g, node, "ReduceMean", x, dim, keepdim)
+
+
+@lower(aten.amax.default, check=_nonempty_check)
+def amax(g, node, x, dim=(), keepdim=False):
+    return _reduce(g, node, "ReduceMax", x, dim, keepdim)
+
+
+@lower(aten.amin.default, check=_nonempty_check)
+def amin(g, node, x, dim=(), keepdim=False):
+    return _reduce(g, node, "ReduceMin", x, dim, keepdim)

@@ -1,0 +1,121 @@
+"""Options: one frozen, validated dataclass shared by torch.compile and the AOT path."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import onnxruntime
+
+MIN_OPSET = 18
+DEFAULT_OPSET = 20
+
+
+def _normalize_providers(field: str, value: Any) -> tuple:
+    """Providers as a tuple of (name, ((key, value), ...)) pairs: hashable and ordered."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or _is_provider_pair(value):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"Options.{field} must be a list of provider names or (name, options) pairs, got {value!r}")
+    normalized = []
+    for entry in value:
+        if isinstance(entry, str):
+            name, opts = entry, {}
+        elif _is_provider_pair(entry):
+            name, opts = entry[0], dict(entry[1])
+        else:
+            raise TypeError(f"Options.{field}: each provider must be a name or a (name, options) pair, got {entry!r}")
+        if not name.endswith("ExecutionProvider"):
+            raise ValueError(f"Options.{field}: {name!r} is not an execution provider name (e.g. 'CPUExecutionProvider')")
+        normalized.append((name, tuple(sorted((str(k), str(v)) for k, v in opts.items()))))
+    return tuple(normalized)
+
+
+def _is_provider_pair(value: Any) -> bool:
+    return (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], (dict, tuple))
+        and not isinstance(value[1], str)
+    )
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How ortlite compiles and runs graphs.
+
+    providers: preferred execution providers, names or (name, options) pairs, tried first.
+    infer_providers: add the provider that matches the inputs' device (CUDA for cuda:N).
+    default_providers: used after those; CPU by default.
+    session_options: an onnxruntime.SessionOptions; by default ortlite makes one whose
+        intra-op thread count follows torch.get_num_threads().
+    fallback: "torch" leaves unsupported work to torch (with one warning per cause);
+        "error" raises instead.
+    model_transforms: callables applied in place to each onnx.ModelProto before its session.
+    dump_dir: write each compiled graph as .onnx plus its FX graph as text (env ORTLITE_DUMP_DIR).
+    check_baseline: also run torch and assert the results match (env ORTLITE_CHECK_BASELINE=1).
+    opset: the ONNX opset of the graphs built (>= 18).
+    """
+
+    providers: tuple = ()
+    infer_providers: bool = True
+    default_providers: tuple = ("CPUExecutionProvider",)
+    session_options: onnxruntime.SessionOptions | None = None
+    fallback: str = "torch"
+    model_transforms: tuple = ()
+    dump_dir: str | None = dataclasses.field(default_factory=lambda: os.environ.get("ORTLITE_DUMP_DIR") or None)
+    check_baseline: bool = dataclasses.field(default_factory=lambda: _env_flag("ORTLITE_CHECK_BASELINE"))
+    opset: int = DEFAULT_OPSET
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        set_("providers", _normalize_providers("providers", self.providers))
+        set_("default_providers", _normalize_providers("default_providers", self.default_providers))
+        for name in ("infer_providers", "check_baseline"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Options.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.session_options is not None and not isinstance(self.session_options, onnxruntime.SessionOptions):
+            raise TypeError(f"Options.session_options must be an onnxruntime.SessionOptions, got {type(self.session_options).__name__}")
+        if self.fallback not in ("torch", "error"):
+            raise ValueError(f"Options.fallback must be 'torch' or 'error', got {self.fallback!r}")
+        transforms = self.model_transforms
+        if callable(transforms):
+            transforms = (transforms,)
+        if not isinstance(transforms, (list, tuple)) or not all(callable(t) for t in transforms):
+            raise TypeError(f"Options.model_transforms must be a list of callables taking an onnx.ModelProto, got {self.model_transforms!r}")
+        set_("model_transforms", tuple(transforms))
+        if self.dump_dir is not None:
+            if not isinstance(self.dump_dir, (str, os.PathLike)):
+                raise TypeError(f"Options.dump_dir must be a path, got {self.dump_dir!r}")
+            set_("dump_dir", os.fspath(self.dump_dir))
+        if not isinstance(self.opset, int) or isinstance(self.opset, bool):
+            raise TypeError(f"Options.opset must be an int, got {self.opset!r}")
+        if self.opset < MIN_OPSET:
+            raise ValueError(f"Options.opset must be >= {MIN_OPSET}, got {self.opset}")
+
+    @classmethod
+    def coerce(cls, value: "Options | dict | None") -> "Options":
+        """Options from None, an Options, or a dict of field names (unknown keys are a TypeError)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise TypeError(f"unknown ortlite option(s) {unknown}; known options are {sorted(known)}")
+            return cls(**value)
+        raise TypeError(f"ortlite options must be an ortlite.Options or a dict, got {type(value).__name__}")
+
+    def with_changes(self, **changes: Any) -> "Options":
+        return dataclasses.replace(self, **changes)
+

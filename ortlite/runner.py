@@ -1,0 +1,61 @@
+"""Builds the Cython Runner for a lowered graph and its session; error messages for it."""
+
+from __future__ import annotations
+
+import torch
+from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+from . import _fast
+from .lower import LoweredGraph
+from .lower.builder import TORCH_TO_ONNX
+from .session import ort_device
+
+
+def _device_index(device: torch.device | None) -> int:
+    return -1 if device is None or device.type == "cpu" else (device.index or 0)
+
+
+def output_template(dtype: torch.dtype, shape: tuple, device: torch.device) -> torch.Tensor:
+    """A tensor whose empty_like is a fresh contiguous output buffer: an expanded scalar
+    costs no memory; a real tensor only if empty_like would not give contiguous strides."""
+    template = torch.empty((), dtype=dtype, device=device).expand(shape)
+    if not torch.empty_like(template).is_contiguous():
+        template = torch.empty(shape, dtype=dtype, device=device)
+    return template
+
+
+def build_runner(name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, run_options: C.RunOptions | None = None) -> _fast.Runner:
+    inputs = []
+    for spec in lowered.inputs:
+        kind = _fast.ARG_KINDS[spec.kind]
+        if spec.kind == "unused":
+            inputs.append((kind, None, None, 0, None, -1, None))
+            continue
+        device = spec.device or torch.device("cpu")
+        shape = tuple(d if isinstance(d, int) else -1 for d in spec.shape)
+        inputs.append((kind, spec.name, spec.dtype, TORCH_TO_ONNX[spec.dtype], ort_device(device), _device_index(device), shape))
+    outputs = [
+        (o.name, TORCH_TO_ONNX[o.dtype], ort_device(o.device), output_template(o.dtype, o.shape, o.device), o.shape)
+        for o in lowered.ort_outputs
+    ]
+    plan = [(_fast.OUTPUT_SOURCES[o.source], o.index, o.value, o.as_scalar) for o in lowered.outputs]
+    return _fast.Runner(
+        name, sess, run_options or C.RunOptions(), lambda: C.SessionIOBinding(sess), inputs, outputs, plan, lowered.returns_tuple, boxed
+    )
+
+
+def describe_mismatch(graph, index, input_name, dtype, device_index, shape, got) -> Exception:
+    """The error for an argument that does not match the compiled schema."""
+    device = "cpu" if device_index == -1 else f"cuda:{device_index}"
+    expected = f"a {dtype} tensor of shape {_shape_str(shape)} on {device}"
+    where = f"ortlite graph {graph}: argument {index} ({input_name})"
+    if not isinstance(got, torch.Tensor):
+        return TypeError(f"{where}: expected {expected}, got {type(got).__name__}")
+    actual = f"a {got.dtype} tensor of shape {tuple(got.shape)} on {got.device}"
+    if got.dtype != dtype:
+        return TypeError(f"{where}: expected {expected}, got {actual}")
+    return ValueError(f"{where}: expected {expected}, got {actual}")
+
+
+def _shape_str(shape) -> str:
+    return "(" + ", ".join("?" if d == -1 else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"

@@ -1,0 +1,24 @@
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+# The ONNX Runtime wheel: onnxruntime-gpu by default (it runs the CPU provider too);
+# ORTLITE_ORT_PACKAGE=onnxruntime selects the CPU-only wheel. Both provide the same
+# `onnxruntime` module and must not be installed together.
+ORT_PACKAGE = os.environ.get("ORTLITE_ORT_PACKAGE", "onnxruntime-gpu")
+
+extensions = [Extension("ortlite._fast", ["ortlite/_fast.pyx"], extra_compile_args=["-O2"])]
+
+setup(
+    # torch: tested on 2.13; the aot_autograd / torch.export APIs used need >= 2.9.
+    install_requires=["torch>=2.9,<2.15", "onnx>=1.16", "numpy", f"{ORT_PACKAGE}>=1.18"],
+    extras_require={
+        "test": ["pytest", "transformers", "expecttest", "hypothesis"],
+    },
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={"boundscheck": False, "wraparound": False, "embedsignature": True},
+    ),
+)
