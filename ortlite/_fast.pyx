@@ -59,6 +59,8 @@ cdef class Runner:
     cdef list out_ort_devices
     cdef list out_templates     # tensors whose empty_like is the output buffer
     cdef list out_shapes
+    cdef object scratch         # bound in place of zero-element tensors (their data_ptr is 0)
+    cdef uintptr_t scratch_ptr
     cdef list plan_source
     cdef list plan_index
     cdef list plan_value
@@ -69,10 +71,12 @@ cdef class Runner:
     cdef public long runs
     cdef readonly bint _boxed_call  # aot_autograd's convention: one list argument, cleared by the callee
 
-    def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, bint returns_tuple=True, bint boxed=False):
+    def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
+                 bint returns_tuple=True, bint boxed=False):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
-        plan: (source, index, value, as_scalar) per graph output."""
+        plan: (source, index, value, as_scalar) per graph output.
+        scratch: a small tensor on the graph's device, bound for zero-element tensors."""
         self.name = name
         self.sess = sess
         self.run_options = run_options
@@ -100,6 +104,8 @@ cdef class Runner:
         self._boxed_call = boxed
         self.pool = []
         self.runs = 0
+        self.scratch = scratch
+        self.scratch_ptr = scratch.data_ptr()
 
     cdef _Binding _new_binding(self):
         cdef _Binding b = _Binding()
@@ -123,11 +129,12 @@ cdef class Runner:
         cdef int kind
         cdef _Binding b
         cdef uintptr_t p
-        if self._boxed_call:
+        n = len(args)
+        if n == 1 and type(args[0]) is list:  # boxed call (graph arguments are never lists)
             boxed = args[0]
             args = tuple(boxed)
             boxed.clear()  # lets aot_autograd's inputs be freed as early as in eager
-        n = len(args)
+            n = len(args)
         if n != self.n_args:
             raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
         b = self.pool.pop() if self.pool else self._new_binding()
@@ -151,7 +158,7 @@ cdef class Runner:
                             keep_alive = [a]
                         else:
                             keep_alive.append(a)
-                    ptr = a.data_ptr()
+                    ptr = a.data_ptr() or self.scratch_ptr
                     if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                         b.iob.bind_input(self.in_names[i], self.in_ort_devices[i], self.in_elem_types[i], shape, ptr)
                         b.bound_ptrs[i] = ptr
@@ -168,7 +175,7 @@ cdef class Runner:
             outs = []
             for i in range(len(self.out_names)):
                 out = empty_like(self.out_templates[i])
-                b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], self.out_shapes[i], out.data_ptr())
+                b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], self.out_shapes[i], out.data_ptr() or self.scratch_ptr)
                 outs.append(out)
             try:
                 self.sess.run_with_iobinding(b.iob, self.run_options)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import operator
 import os
+import re
 
 import torch
 import torch.fx
@@ -99,60 +101,120 @@ class Backend:
         """One aten graph -> a boxed callable (aot_autograd's convention): a runner when ORT
         runs all of it, else the graph with its supported parts replaced by runners."""
         name = f"{kind}_{next(_graph_ids)}"
-        unsupported = unsupported_nodes(gm)
-        if unsupported:
-            self._left_to_torch(unsupported)
-        if not unsupported:
-            runner = self._runner_or_none(gm, name, boxed=True)
-            return runner if runner is not None else make_boxed_func(gm)
-        fused, submodule_names = partition(gm)
-        for sub_name in submodule_names:
-            runner = self._runner_or_none(getattr(fused, sub_name), f"{name}_{sub_name}")
-            if runner is not None:
-                delattr(fused, sub_name)
-                setattr(fused, sub_name, runner)
-        return make_boxed_func(fused)
+        excluded: dict[str, str] = {}  # nodes found unrunnable while building sessions
+        # Compilers run inside aot_autograd's fake mode; constants and buffers must be real.
+        with unset_fake_temporarily():
+            while True:
+                try:
+                    compiled, runners, unsupported = self._compile_once(gm, name, excluded)
+                    break
+                except MissingKernel as e:
+                    if e.node in excluded:
+                        raise
+                    # leave out every node of the same op and dtypes: one retry per kind
+                    culprit = next(n for n in gm.graph.nodes if n.name == e.node)
+                    for n in gm.graph.nodes:
+                        if n.op == "call_function" and op_signature(n) == op_signature(culprit):
+                            excluded[n.name] = e.reason
+        self._left_to_torch(unsupported)
+        self._graphs += len(runners)
+        self._runners.extend(runners)
+        return compiled
 
-    def _left_to_torch(self, unsupported: dict) -> None:
-        counts = fallback_counts(unsupported)
-        if self.options.fallback == "error":
+    def _compile_once(self, gm, name, excluded):
+        unsupported = unsupported_nodes(gm, excluded)
+        if unsupported and self.options.fallback == "error":
             details = sorted({f"{n.target} ({reason})" for n, reason in unsupported.items()})
             raise UnsupportedError(f"ortlite cannot run these ops in ONNX Runtime: {', '.join(details)}")
-        self._fallback_ops.update(counts)
+        if not unsupported:
+            runner = self._runner_or_none(gm, name, boxed=True)
+            if runner is None:
+                return make_boxed_func(gm), [], {n: "graph failed to compile" for n in _calls(gm)}
+            return self._checked(runner, gm, name, boxed=True), [runner], {}
+        fused, submodule_names = partition(gm, excluded)
+        runners = []
+        for sub_name in submodule_names:
+            sub = getattr(fused, sub_name)
+            runner = self._runner_or_none(sub, f"{name}_{sub_name}")
+            if runner is None:
+                unsupported.update({n: "graph failed to compile" for n in _calls(sub)})
+                continue
+            runners.append(runner)
+            delattr(fused, sub_name)
+            setattr(fused, sub_name, self._checked(runner, sub, f"{name}_{sub_name}"))
+        return make_boxed_func(fused), runners, unsupported
+
+    def _left_to_torch(self, unsupported: dict) -> None:
+        self._fallback_ops.update(fallback_counts(unsupported))
         for node, reason in unsupported.items():
-            warn_once(f"ortlite: {node.target} runs in torch ({reason})")
+            if node.target is not operator.getitem:
+                warn_once(f"ortlite: {node.target} runs in torch ({reason})")
 
     def _runner_or_none(self, gm: torch.fx.GraphModule, name: str, boxed: bool = False):
+        """A runner for all of gm, or None (with a warning) if lowering or the session
+        fails; a missing ORT kernel raises MissingKernel so the node can be left out."""
         try:
-            runner = self._build_runner(gm, name, boxed and not self.options.check_baseline)
+            return self._build_runner(gm, name, boxed and not self.options.check_baseline)
+        except MissingKernel:
+            raise
         except Exception as e:
             if self.options.fallback == "error":
                 raise
-            ops = sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+            ops = sorted({str(n.target) for n in _calls(gm)})
             warn_once(f"ortlite: graph with {ops} runs in torch: {type(e).__name__}: {e}")
-            self._fallback_ops.update(fallback_counts([n for n in gm.graph.nodes if n.op == "call_function"]))
             return None
-        self._graphs += 1
-        self._runners.append(runner)
-        if self.options.check_baseline:
-            checked = _BaselineChecked(runner, gm, name)
-            return make_boxed_func(checked) if boxed else checked
-        return runner
+
+    def _checked(self, runner, gm, name, boxed=False):
+        if not self.options.check_baseline:
+            return runner
+        checked = _BaselineChecked(runner, gm, name)
+        return make_boxed_func(checked) if boxed else checked
 
     def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool):
-        # Compilers run inside aot_autograd's fake mode; constants and buffers must be real.
-        with unset_fake_temporarily():
-            return self._build_runner_real(gm, name, boxed)
-
-    def _build_runner_real(self, gm: torch.fx.GraphModule, name: str, boxed: bool):
         lowered = lower_graph(gm, name, self.options.opset)
         for transform in self.options.model_transforms:
             transform(lowered.model)
         if self.options.dump_dir:
             dump(self.options.dump_dir, name, lowered.model, gm)
         devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
-        sess = self._sessions.get(lowered.model.SerializeToString(), self.options, devices)
+        try:
+            sess = self._sessions.get(lowered.model.SerializeToString(), self.options, devices)
+        except Exception as e:
+            origin = missing_kernel_origin(e, lowered.node_origin)
+            if origin is None or self.options.fallback == "error":
+                raise
+            raise MissingKernel(origin, f"ONNX Runtime has no kernel: {e}") from e
         return build_runner(name, lowered, sess, boxed=boxed)
+
+
+class MissingKernel(Exception):
+    """ONNX Runtime has no kernel for a node (e.g. for its dtype on this provider)."""
+
+    def __init__(self, node: str, reason: str):
+        super().__init__(reason)
+        self.node, self.reason = node, reason
+
+
+_NODE_IN_ERROR = re.compile(
+    r"Could not find an implementation for .* node with name '([^']+)'"  # no kernel for these types
+    r"|Type Error: Type .* of operator \(\w+\) in node \(([^)]+)\) is invalid"  # types the ONNX op does not take
+)
+
+
+def missing_kernel_origin(error: Exception, node_origin: dict[str, str]) -> str | None:
+    """The FX node behind an ORT session error that names one ONNX node as unrunnable."""
+    match = _NODE_IN_ERROR.search(str(error))
+    return node_origin.get(match.group(1) or match.group(2)) if match else None
+
+
+def op_signature(node: torch.fx.Node) -> tuple:
+    dtypes = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda n: dtypes.append(getattr(n.meta.get("val"), "dtype", None)))
+    return (node.target, tuple(dtypes))
+
+
+def _calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
 
 
 def dump(directory: str, name: str, model, gm: torch.fx.GraphModule) -> None:

@@ -39,8 +39,19 @@ def build_runner(name: str, lowered: LoweredGraph, sess, *, boxed: bool = False,
         for o in lowered.ort_outputs
     ]
     plan = [(_fast.OUTPUT_SOURCES[o.source], o.index, o.value, o.as_scalar) for o in lowered.outputs]
+    devices = [spec.device for spec in lowered.ort_outputs + lowered.inputs if spec.device is not None]
+    scratch = torch.empty(64, dtype=torch.uint8, device=devices[0] if devices else "cpu")
     return _fast.Runner(
-        name, sess, run_options or C.RunOptions(), lambda: C.SessionIOBinding(sess), inputs, outputs, plan, lowered.returns_tuple, boxed
+        name,
+        sess,
+        run_options or C.RunOptions(),
+        lambda: C.SessionIOBinding(sess),
+        inputs,
+        outputs,
+        plan,
+        scratch,
+        lowered.returns_tuple,
+        boxed,
     )
 
 

@@ -48,6 +48,7 @@ class LoweredGraph:
     outputs: list[OutputSpec]
     ort_outputs: list[InputSpec]  # name, dtype, shape, device of each ONNX output
     returns_tuple: bool = True  # False: the graph returns its single output bare
+    node_origin: dict = dataclasses.field(default_factory=dict)  # ONNX node name -> FX node name
 
 
 def _scalar_kind(val) -> str | None:
@@ -82,13 +83,14 @@ def lower_graph(gm: torch.fx.GraphModule, name: str, opset: int) -> LoweredGraph
             env[node] = Value(spec.name, spec.dtype, spec.shape)
             inputs.append(spec)
         elif node.op == "call_function":
+            g.current_origin = node.name
             env[node] = _lower_node(g, node, env)
         elif node.op == "output":
             outputs, ort_outputs = _lower_outputs(g, node, env, inputs)
             returns_tuple = isinstance(node.args[0], (tuple, list))
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
-    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple)
+    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin)
 
 
 def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):

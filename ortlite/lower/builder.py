@@ -63,6 +63,8 @@ class GraphBuilder:
         self.extra_domains: dict[str, int] = {}
         self._used: set[str] = set()
         self._constants: dict[tuple, Value] = {}
+        self.current_origin = ""  # the FX node being lowered; ONNX node names start with it
+        self.node_origin: dict[str, str] = {}  # ONNX node name -> FX node name
 
     def fresh(self, hint: str) -> str:
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
@@ -77,9 +79,12 @@ class GraphBuilder:
         """Add a node; returns its output name (or a tuple of names when outputs > 1)."""
         names = [self.fresh(op_type.lower()) for _ in range(outputs)]
         attrs = {k: v for k, v in attrs.items() if v is not None}
-        node = helper.make_node(
-            op_type, ["" if i is None else i for i in inputs], names, name=self.fresh("n_" + op_type), domain=domain, **attrs
-        )
+        inputs = list(inputs)
+        while inputs and inputs[-1] is None:  # trailing optional inputs are left out, not ""
+            inputs.pop()
+        node_name = self.fresh(f"{self.current_origin}__{op_type}")
+        self.node_origin[node_name] = self.current_origin
+        node = helper.make_node(op_type, ["" if i is None else i for i in inputs], names, name=node_name, domain=domain, **attrs)
         if domain:
             self.extra_domains.setdefault(domain, 1)
         self.nodes.append(node)

@@ -15,15 +15,17 @@ INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def out_val(node) -> torch.Tensor:
-    return meta(node)
+    """The node's output meta tensor (the first one for multi-output ops)."""
+    val = meta(node)
+    return val[0] if isinstance(val, (tuple, list)) else val
 
 
 def out_dtype(node) -> torch.dtype:
-    return meta(node).dtype
+    return out_val(node).dtype
 
 
 def out_shape(node) -> tuple:
-    return tuple(meta(node).shape)
+    return tuple(out_val(node).shape)
 
 
 def arg_val(node, index: int, name: str | None = None, default=None):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 
+import torch
+
+from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, norm_dims, out_dtype
+from .common import aten, is_float, norm_dims, out_dtype
 
 
 def _reduce(g, node, op_type, x, dims, keepdim):
@@ -44,9 +47,17 @@ def mean(g, node, x, dim=None, keepdim=False, *, dtype=None):
 
 @lower(aten.amax.default, check=_nonempty_check)
 def amax(g, node, x, dim=(), keepdim=False):
-    return _reduce(g, node, "ReduceMax", x, dim, keepdim)
+    return _propagate_nan(g, node, x, dim, keepdim, _reduce(g, node, "ReduceMax", x, dim, keepdim))
 
 
 @lower(aten.amin.default, check=_nonempty_check)
 def amin(g, node, x, dim=(), keepdim=False):
-    return _reduce(g, node, "ReduceMin", x, dim, keepdim)
+    return _propagate_nan(g, node, x, dim, keepdim, _reduce(g, node, "ReduceMin", x, dim, keepdim))
+
+
+def _propagate_nan(g, node, x, dim, keepdim, reduced):
+    """aten's max/min reductions return NaN where any reduced element is NaN; ORT's do not."""
+    if not is_float(x.dtype) or x.rank == 0:
+        return reduced
+    any_nan = _reduce(g, node, "ReduceMax", Value(g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[x.dtype]), x.dtype, x.shape), dim, keepdim)
+    return g.op("Where", g.op("Cast", any_nan, to=TORCH_TO_ONNX[torch.bool]), g.const(float("nan"), x.dtype), reduced)

@@ -1,0 +1,220 @@
+"""Per-call overhead of ortlite against eager, inductor and two floors, in one run.
+
+    python bench/overhead.py [--rounds 15] [--iters 2000] [--device cpu|cuda] [--json out.json]
+
+Floors, measured in the same run:
+  raw ORT       the same ONNX model ortlite built, I/O pre-bound, only run_with_iobinding timed
+  dynamo+aot    torch.compile through aot_autograd with a compiler that returns a constant
+One thread for torch and ORT; candidates interleaved in rounds; medians of per-call times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import onnxruntime
+import torch
+from onnxruntime.capi import onnxruntime_pybind11_state as C
+from torch._dynamo.backends.common import aot_autograd
+
+import ortlite
+
+
+def relu_case(device):
+    x = torch.randn(8, 8, device=device)
+    y = torch.randn(8, 8, device=device)
+    return "relu(x*x+y) 8x8", (lambda x, y: torch.relu(x * x + y)), (x, y)
+
+
+def mlp_case(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+    ).to(device)
+    model.eval()
+    return "MLP 64-64-64-10 b1", model, (torch.randn(1, 64, device=device),)
+
+
+CASES = {"relu": relu_case, "mlp": mlp_case}
+
+
+def constant_backend(result):
+    """The Dynamo + aot_autograd floor: the same capture, a compiled graph that does nothing."""
+
+    def compiler(gm, example_inputs):
+        def run(args):
+            args.clear()
+            return result
+
+        run._boxed_call = True
+        return run
+
+    return aot_autograd(fw_compiler=compiler)
+
+
+def raw_ort_floor(onnx_path, args, device):
+    """run_with_iobinding on pre-bound inputs and outputs: the least a call can cost in ORT.
+    `args` are the graph's inputs in order; returns the call and its first output, which
+    the caller checks against eager."""
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    sess = onnxruntime.InferenceSession(onnx_path, so, providers=providers)._sess
+    iob = C.SessionIOBinding(sess)
+    dev = (
+        C.OrtDevice(C.OrtDevice.cuda(), C.OrtDevice.default_memory(), 0x10DE, 0)
+        if device == "cuda"
+        else C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+    )
+    from ortlite.lower.builder import TORCH_TO_ONNX
+
+    keep = []
+    tensors = [a.detach().contiguous() for a in args]
+    assert len(tensors) == len(sess.inputs_meta), "the raw floor must bind every graph input"
+    for meta, t in zip(sess.inputs_meta, tensors):
+        iob.bind_input(meta.name, dev, TORCH_TO_ONNX[t.dtype], list(t.shape), t.data_ptr())
+        keep.append(t)
+    outputs = []
+    for meta in sess.outputs_meta:
+        out = torch.empty([int(d) for d in meta.shape], dtype=torch.float32, device=device)
+        iob.bind_output(meta.name, dev, TORCH_TO_ONNX[out.dtype], list(out.shape), out.data_ptr())
+        outputs.append(out)
+    ro = C.RunOptions()
+
+    def run():
+        sess.run_with_iobinding(iob, ro)
+
+    run.keep = keep + outputs
+    run()
+    return run, outputs[0]
+
+
+def graph_args(fn, args):
+    """The arguments aot_autograd passes to the compiled graph (parameters lifted in
+    Dynamo's order), recorded with the same capture ortlite uses."""
+    from ortlite.decomp import decomposition_table
+
+    recorded = []
+
+    def compiler(gm, example_inputs):
+        def run(*graph_args):
+            recorded.append(list(graph_args))
+            return gm(*graph_args)
+
+        return run
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=aot_autograd(fw_compiler=compiler, decompositions=decomposition_table()))(*args)
+    torch._dynamo.reset()
+    return recorded[0]
+
+
+def per_call_us(fn, iters, sync):
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / iters * 1e6
+
+
+def first_call_s(make, args, sync):
+    torch._dynamo.reset()
+    fn = make()
+    start = time.perf_counter()
+    fn(*args)
+    sync()
+    return time.perf_counter() - start
+
+
+def bench_case(case, device, rounds, iters, with_inductor):
+    label, fn, args = case(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    expected = fn(*args)
+    dump_dir = tempfile.mkdtemp(prefix="ortlite-bench-")
+    be = ortlite.Backend(ortlite.Options(dump_dir=dump_dir))
+
+    first = {}
+    first["ortlite"] = first_call_s(lambda: torch.compile(fn, backend=be), args, sync)
+    onnx_files = sorted(glob.glob(os.path.join(dump_dir, "*.onnx")))
+    if be.stats.fallback_ops or len(onnx_files) != 1:
+        print(f"note: {label}: ortlite compiled {len(onnx_files)} graphs, fallback {be.stats.fallback_ops}", file=sys.stderr)
+    if with_inductor:
+        first["inductor"] = first_call_s(lambda: torch.compile(fn, backend="inductor"), args, sync)
+
+    torch._dynamo.reset()
+    candidates = {"eager": fn}
+    if with_inductor:
+        candidates["inductor"] = torch.compile(fn, backend="inductor")
+    candidates["ortlite"] = torch.compile(fn, backend=ortlite.Backend())
+    candidates["dynamo+aot floor"] = torch.compile(fn, backend=constant_backend(expected))
+    raw, raw_out = raw_ort_floor(onnx_files[0], graph_args(fn, args), device)
+    torch.testing.assert_close(raw_out, expected, rtol=1e-4, atol=1e-5)
+
+    for name, c in candidates.items():
+        got = c(*args)
+        if name != "dynamo+aot floor":
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    calls = {name: (lambda c=c: c(*args)) for name, c in candidates.items()}
+    calls["raw ORT floor"] = raw
+    samples = {name: [] for name in calls}
+    for name, call in calls.items():  # warm up
+        per_call_us(call, max(iters // 10, 10), sync)
+    for _ in range(rounds):
+        for name, call in calls.items():
+            samples[name].append(per_call_us(call, iters, sync))
+    medians = {name: statistics.median(s) for name, s in samples.items()}
+    return label, medians, first
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--cases", default="relu,mlp")
+    parser.add_argument("--no-inductor", action="store_true", help="skip inductor (it needs a C++ compiler)")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    results = []
+    for key in args.cases.split(","):
+        with torch.no_grad():
+            label, medians, first = bench_case(CASES[key], args.device, args.rounds, args.iters, not args.no_inductor)
+        results.append({"case": label, "per_call_us": medians, "first_call_s": first})
+
+    print(f"\nper-call time, µs (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; {args.device})")
+    names = list(results[0]["per_call_us"])
+    print(f"{'case':<22}" + "".join(f"{n:>18}" for n in names))
+    for r in results:
+        print(f"{r['case']:<22}" + "".join(f"{r['per_call_us'][n]:>18.2f}" for n in names))
+    print("\nratios")
+    for r in results:
+        m = r["per_call_us"]
+        floor = m["dynamo+aot floor"] + m["raw ORT floor"]
+        r["ratios"] = {
+            "ortlite / (dynamo+aot floor + raw ORT floor)": m["ortlite"] / floor,
+            "ortlite / eager": m["ortlite"] / m["eager"],
+            "ortlite - raw ORT floor - dynamo+aot floor (µs)": m["ortlite"] - floor,
+        }
+        if "inductor" in m:
+            r["ratios"]["ortlite / inductor"] = m["ortlite"] / m["inductor"]
+        print(f"  {r['case']}: " + "; ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items()))
+    print("\nfirst call (compile + run), s")
+    for r in results:
+        print(f"  {r['case']}: " + "; ".join(f"{k} {v:.3f}" for k, v in r["first_call_s"].items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+import logging
+
+import pytest
+import torch
+
+import ortlite
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def assert_same(got, expected, rtol=1e-4, atol=1e-5):
+    """Values, dtype and shape equal to eager (NaN where eager has NaN)."""
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(got, (tuple, list)) and len(got) == len(expected)
+        for g, e in zip(got, expected):
+            assert_same(g, e, rtol, atol)
+        return
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got)}"
+        assert got.dtype == expected.dtype, f"dtype {got.dtype} != eager's {expected.dtype}"
+        assert got.shape == expected.shape, f"shape {tuple(got.shape)} != eager's {tuple(expected.shape)}"
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        assert got == expected or (got != got and expected != expected)
+
+
+def _clone(x):
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+def run_compiled(fn, *args, options=None, dynamic=False, **check):
+    """Compile fn with a fresh Backend, compare with eager; returns the backend."""
+    options = ortlite.Options.coerce(options)
+    backend = ortlite.Backend(options)
+    expected = fn(*[_clone(a) for a in args])
+    got = torch.compile(fn, backend=backend, dynamic=dynamic)(*args)
+    assert_same(got, expected, **check)
+    return backend
+
+
+def check_lowered(fn, *args, **check):
+    """fn runs entirely in ONNX Runtime (fallback='error') and matches eager."""
+    backend = run_compiled(fn, *args, options=ortlite.Options(fallback="error"), **check)
+    stats = backend.stats
+    assert stats.graphs >= 1 and stats.runs >= 1, stats
+    assert stats.fallback_ops == {}, stats.fallback_ops
+    return backend
+
+
+def check_fallback(fn, *args, op, **check):
+    """fn is correct, and `op` ran in torch."""
+    backend = run_compiled(fn, *args, **check)
+    assert op in backend.stats.fallback_ops, backend.stats.fallback_ops
+    return backend
+
+
+@pytest.fixture
+def ortlite_log(caplog):
+    caplog.set_level(logging.WARNING, logger="ortlite")
+    return caplog
