@@ -4,7 +4,7 @@
     be = ortlite.Backend(ortlite.Options(fallback="error")); torch.compile(model, backend=be)
 """
 
-from .backend import Backend, Stats, UnsupportedError
+from .dynamo_backend import Backend, Stats, UnsupportedError
 from .options import Options
 
 backend = Backend()

@@ -61,8 +61,8 @@ def _scalar_kind(val) -> str | None:
     return None
 
 
-def lower_graph(gm: torch.fx.GraphModule, name: str, opset: int) -> LoweredGraph:
-    g = GraphBuilder(name, opset)
+def lower_graph(gm: torch.fx.GraphModule, opset: int) -> LoweredGraph:
+    g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     env: dict[torch.fx.Node, object] = {}
     inputs: list[InputSpec] = []
 

@@ -80,3 +80,12 @@ def _to_copy_check(node):
 @lower(aten._to_copy.default, check=_to_copy_check)
 def to_copy(g, node, x, **_):
     return g.op("Identity", g.cast(x, out_dtype(node)))
+
+
+@lower(aten.split_with_sizes.default, aten.split.Tensor)
+def split(g, node, x, split, dim=0):
+    dim = norm_dim(dim, x.rank)
+    sizes = [t.shape[dim] for t in node.meta["val"]]
+    if len(sizes) == 1:
+        return (g.op("Identity", x),)
+    return g.op("Split", x, g.ints(sizes), axis=dim, outputs=len(sizes))

@@ -124,7 +124,7 @@ class Backend:
     def _compile_once(self, gm, name, excluded):
         unsupported = unsupported_nodes(gm, excluded)
         if unsupported and self.options.fallback == "error":
-            details = sorted({f"{n.target} ({reason})" for n, reason in unsupported.items()})
+            details = sorted({f"{n.target} ({reason})" for n, reason in unsupported.items() if n.target is not operator.getitem})
             raise UnsupportedError(f"ortlite cannot run these ops in ONNX Runtime: {', '.join(details)}")
         if not unsupported:
             runner = self._runner_or_none(gm, name, boxed=True)
@@ -171,7 +171,7 @@ class Backend:
         return make_boxed_func(checked) if boxed else checked
 
     def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool):
-        lowered = lower_graph(gm, name, self.options.opset)
+        lowered = lower_graph(gm, self.options.opset)
         for transform in self.options.model_transforms:
             transform(lowered.model)
         if self.options.dump_dir:
