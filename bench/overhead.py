@@ -18,13 +18,17 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 
-import onnxruntime
-import torch
-from onnxruntime.capi import onnxruntime_pybind11_state as C
-from torch._dynamo.backends.common import aot_autograd
+# inductor's compile worker processes would otherwise share the CPU with the timings
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-import ortlite
+import onnxruntime  # noqa: E402
+import torch  # noqa: E402
+from onnxruntime.capi import onnxruntime_pybind11_state as C  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+
+import ortlite  # noqa: E402
 
 
 def relu_case(device):
@@ -117,6 +121,17 @@ def graph_args(fn, args):
     return recorded[0]
 
 
+def own_code(fn):
+    """fn behind a function with a code object of its own. Dynamo keeps compiled entries
+    per code object and checks them in turn: candidates compiled from one function would
+    pay for each other's entries."""
+
+    def call(*args):
+        return fn(*args)
+
+    return types.FunctionType(call.__code__.replace(), call.__globals__, "call", None, call.__closure__)
+
+
 def per_call_us(fn, iters, sync):
     start = time.perf_counter()
     for _ in range(iters):
@@ -142,19 +157,19 @@ def bench_case(case, device, rounds, iters, with_inductor):
     be = ortlite.Backend(ortlite.Options(dump_dir=dump_dir))
 
     first = {}
-    first["ortlite"] = first_call_s(lambda: torch.compile(fn, backend=be), args, sync)
+    first["ortlite"] = first_call_s(lambda: torch.compile(own_code(fn), backend=be), args, sync)
     onnx_files = sorted(glob.glob(os.path.join(dump_dir, "*.onnx")))
     if be.stats.fallback_ops or len(onnx_files) != 1:
         print(f"note: {label}: ortlite compiled {len(onnx_files)} graphs, fallback {be.stats.fallback_ops}", file=sys.stderr)
     if with_inductor:
-        first["inductor"] = first_call_s(lambda: torch.compile(fn, backend="inductor"), args, sync)
+        first["inductor"] = first_call_s(lambda: torch.compile(own_code(fn), backend="inductor"), args, sync)
 
     torch._dynamo.reset()
     candidates = {"eager": fn}
     if with_inductor:
-        candidates["inductor"] = torch.compile(fn, backend="inductor")
-    candidates["ortlite"] = torch.compile(fn, backend=ortlite.Backend())
-    candidates["dynamo+aot floor"] = torch.compile(fn, backend=constant_backend(expected))
+        candidates["inductor"] = torch.compile(own_code(fn), backend="inductor")
+    candidates["ortlite"] = torch.compile(own_code(fn), backend=ortlite.Backend())
+    candidates["dynamo+aot floor"] = torch.compile(own_code(fn), backend=constant_backend(expected))
     raw, raw_out = raw_ort_floor(onnx_files[0], graph_args(fn, args), device)
     torch.testing.assert_close(raw_out, expected, rtol=1e-4, atol=1e-5)
 
@@ -171,7 +186,15 @@ def bench_case(case, device, rounds, iters, with_inductor):
         for name, call in calls.items():
             samples[name].append(per_call_us(call, iters, sync))
     medians = {name: statistics.median(s) for name, s in samples.items()}
-    return label, medians, first
+    # Ratios per round (candidates interleaved within a round see the same machine state),
+    # then their median: steadier than a ratio of medians when the machine drifts.
+    floors = [a + r for a, r in zip(samples["dynamo+aot floor"], samples["raw ORT floor"])]
+    ratios = {"ortlite / (dynamo+aot floor + raw ORT floor)": statistics.median(o / f for o, f in zip(samples["ortlite"], floors))}
+    ratios["ortlite / eager"] = statistics.median(o / e for o, e in zip(samples["ortlite"], samples["eager"]))
+    if "inductor" in samples:
+        ratios["ortlite / inductor"] = statistics.median(o / i for o, i in zip(samples["ortlite"], samples["inductor"]))
+    ratios["ortlite - both floors (µs)"] = statistics.median(o - f for o, f in zip(samples["ortlite"], floors))
+    return label, medians, ratios, first
 
 
 def main(argv=None):
@@ -188,25 +211,16 @@ def main(argv=None):
     results = []
     for key in args.cases.split(","):
         with torch.no_grad():
-            label, medians, first = bench_case(CASES[key], args.device, args.rounds, args.iters, not args.no_inductor)
-        results.append({"case": label, "per_call_us": medians, "first_call_s": first})
+            label, medians, ratios, first = bench_case(CASES[key], args.device, args.rounds, args.iters, not args.no_inductor)
+        results.append({"case": label, "per_call_us": medians, "ratios": ratios, "first_call_s": first})
 
     print(f"\nper-call time, µs (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; {args.device})")
     names = list(results[0]["per_call_us"])
     print(f"{'case':<22}" + "".join(f"{n:>18}" for n in names))
     for r in results:
         print(f"{r['case']:<22}" + "".join(f"{r['per_call_us'][n]:>18.2f}" for n in names))
-    print("\nratios")
+    print("\nratios (median over rounds of each round's ratio)")
     for r in results:
-        m = r["per_call_us"]
-        floor = m["dynamo+aot floor"] + m["raw ORT floor"]
-        r["ratios"] = {
-            "ortlite / (dynamo+aot floor + raw ORT floor)": m["ortlite"] / floor,
-            "ortlite / eager": m["ortlite"] / m["eager"],
-            "ortlite - raw ORT floor - dynamo+aot floor (µs)": m["ortlite"] - floor,
-        }
-        if "inductor" in m:
-            r["ratios"]["ortlite / inductor"] = m["ortlite"] / m["inductor"]
         print(f"  {r['case']}: " + "; ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items()))
     print("\nfirst call (compile + run), s")
     for r in results:

@@ -68,15 +68,19 @@ cdef class Runner:
     cdef bint single_output     # the graph returns exactly one ORT output, as a 1-tuple
     cdef bint returns_tuple     # False: return the single result bare (fused FX submodules)
     cdef list pool
+    cdef object guard           # checks all tensor arguments at once (torch's TensorGuards)
+    cdef object guard_factory   # builds the guard from the first arguments that pass validation
     cdef public long runs
     cdef readonly bint _boxed_call  # aot_autograd's convention: one list argument, cleared by the callee
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
-                 bint returns_tuple=True, bint boxed=False):
+                 guard_factory=None, bint returns_tuple=True, bint boxed=False):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
-        scratch: a small tensor on the graph's device, bound for zero-element tensors."""
+        scratch: a small tensor on the graph's device, bound for zero-element tensors.
+        guard_factory: args -> an object whose check(*args) is true only for arguments that
+            match the schema as these do (None: validate every call argument by argument)."""
         self.name = name
         self.sess = sess
         self.run_options = run_options
@@ -106,6 +110,8 @@ cdef class Runner:
         self.runs = 0
         self.scratch = scratch
         self.scratch_ptr = scratch.data_ptr()
+        self.guard = None
+        self.guard_factory = guard_factory if all(k == K_TENSOR for k in self.kinds) else None
 
     cdef _Binding _new_binding(self):
         cdef _Binding b = _Binding()
@@ -126,9 +132,7 @@ cdef class Runner:
 
     def __call__(self, *args):
         cdef Py_ssize_t i, n
-        cdef int kind
         cdef _Binding b
-        cdef uintptr_t p
         n = len(args)
         if n == 1 and type(args[0]) is list:  # boxed call (graph arguments are never lists)
             boxed = args[0]
@@ -138,40 +142,12 @@ cdef class Runner:
         if n != self.n_args:
             raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
         b = self.pool.pop() if self.pool else self._new_binding()
-        keep_alive = None
         try:
-            for i in range(n):
-                kind = self.kinds[i]
-                a = args[i]
-                if kind == K_TENSOR:
-                    if not isinstance(a, Tensor) or a.dtype is not self.in_dtypes[i] or not self._device_ok(i, a):
-                        self._mismatch(i, a)
-                    shape = a.shape
-                    if self.in_static[i]:
-                        if shape != self.in_shapes[i]:
-                            self._mismatch(i, a)
-                    elif not self._dims_ok(i, shape):
-                        self._mismatch(i, a)
-                    if not a.is_contiguous():
-                        a = a.contiguous()
-                        if keep_alive is None:
-                            keep_alive = [a]
-                        else:
-                            keep_alive.append(a)
-                    ptr = a.data_ptr() or self.scratch_ptr
-                    if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
-                        b.iob.bind_input(self.in_names[i], self.in_ort_devices[i], self.in_elem_types[i], shape, ptr)
-                        b.bound_ptrs[i] = ptr
-                        b.bound_shapes[i] = shape
-                elif kind == K_INT:
-                    p = b.scalar_ptrs[i]
-                    (<int64_t*>p)[0] = a
-                elif kind == K_FLOAT:
-                    p = b.scalar_ptrs[i]
-                    (<double*>p)[0] = a
-                elif kind == K_BOOL:
-                    p = b.scalar_ptrs[i]
-                    (<char*>p)[0] = 1 if a else 0
+            if self.guard is not None and self.guard.check(*args):
+                keep_alive = None
+                self._bind_guarded(b, args)
+            else:
+                keep_alive = self._bind_validated(b, args)
             outs = []
             for i in range(len(self.out_names)):
                 out = empty_like(self.out_templates[i])
@@ -191,6 +167,70 @@ cdef class Runner:
             return (outs[0],) if self.returns_tuple else outs[0]
         results = self._results(outs, args)
         return results if self.returns_tuple else results[0]
+
+    cdef _bind_guarded(self, _Binding b, tuple args):
+        """Every argument is a tensor whose type, dtype, device, sizes and strides the
+        guard has just checked in one C++ call: only data pointers remain to bind."""
+        cdef Py_ssize_t i
+        for i in range(self.n_args):
+            a = args[i]
+            if self.in_static[i]:
+                ptr = a.data_ptr() or self.scratch_ptr
+                if ptr != b.bound_ptrs[i]:
+                    self._bind_input(b, i, self.in_shapes[i], ptr)
+            else:
+                if not a.is_contiguous():  # dynamic dims: the guard does not check strides
+                    return self._bind_validated(b, args)
+                shape = a.shape
+                ptr = a.data_ptr() or self.scratch_ptr
+                if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
+                    self._bind_input(b, i, shape, ptr)
+
+    cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, ptr):
+        b.iob.bind_input(self.in_names[i], self.in_ort_devices[i], self.in_elem_types[i], shape, ptr)
+        b.bound_ptrs[i] = ptr
+        b.bound_shapes[i] = shape
+
+    cdef list _bind_validated(self, _Binding b, tuple args):
+        """Check each argument against the schema, make it contiguous, bind it. Returns
+        the contiguous copies made (kept alive until the run ends)."""
+        cdef Py_ssize_t i
+        cdef int kind
+        cdef uintptr_t p
+        cdef bint copied = False
+        keep_alive = []
+        for i in range(self.n_args):
+            kind = self.kinds[i]
+            a = args[i]
+            if kind == K_TENSOR:
+                if not isinstance(a, Tensor) or a.dtype is not self.in_dtypes[i] or not self._device_ok(i, a):
+                    self._mismatch(i, a)
+                shape = a.shape
+                if self.in_static[i]:
+                    if shape != self.in_shapes[i]:
+                        self._mismatch(i, a)
+                elif not self._dims_ok(i, shape):
+                    self._mismatch(i, a)
+                if not a.is_contiguous():
+                    a = a.contiguous()
+                    keep_alive.append(a)
+                ptr = a.data_ptr() or self.scratch_ptr
+                if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
+                    self._bind_input(b, i, shape, ptr)
+            elif kind == K_INT:
+                p = b.scalar_ptrs[i]
+                (<int64_t*>p)[0] = a
+            elif kind == K_FLOAT:
+                p = b.scalar_ptrs[i]
+                (<double*>p)[0] = a
+            elif kind == K_BOOL:
+                p = b.scalar_ptrs[i]
+                (<char*>p)[0] = 1 if a else 0
+        if self.guard is None and self.guard_factory is not None and not keep_alive:
+            # Arguments like these pass the guard from now on: one C++ check for all.
+            self.guard = self.guard_factory(args)
+            self.guard_factory = None
+        return keep_alive
 
     cdef tuple _results(self, list outs, tuple args):
         cdef Py_ssize_t i, n = len(self.plan_source)

@@ -50,9 +50,39 @@ def build_runner(name: str, lowered: LoweredGraph, sess, *, boxed: bool = False,
         outputs,
         plan,
         scratch,
+        _guard_factory([spec.shape for spec in lowered.inputs]),
         lowered.returns_tuple,
         boxed,
     )
+
+
+def _guard_factory(shapes):
+    """Builds torch's C++ TensorGuards (what Dynamo checks tensors with) from the first
+    arguments that pass validation: it then checks type, dtype, device, requires_grad,
+    static sizes and contiguous strides of all arguments in one call."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:
+        return None
+    sizes = [[d if isinstance(d, int) else None for d in shape] for shape in shapes]
+    strides = [_contiguous_strides(s) for s in sizes]
+
+    def make(args):
+        try:
+            return TensorGuards(*args, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
+        except Exception:  # an API change in torch: validate argument by argument instead
+            return None
+
+    return make
+
+
+def _contiguous_strides(sizes):
+    """Contiguous strides where every later dim is static; None (unchecked) elsewhere."""
+    strides, step = [], 1
+    for d in reversed(sizes):
+        strides.append(step)
+        step = step * d if (step is not None and d is not None) else None
+    return list(reversed(strides))
 
 
 def describe_mismatch(graph, index, input_name, dtype, device_index, shape, got) -> Exception:

@@ -1,0 +1,67 @@
+"""The Cython hot path on hand-built graphs: argument checks and Python scalar inputs."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ortlite.lower import lower_graph
+from ortlite.options import Options
+from ortlite.runner import build_runner
+from ortlite.session import SessionCache
+
+aten = torch.ops.aten
+
+
+def scaled_sum_graph(scalar_val):
+    """x * n + y, with n a graph input whose meta value is a Python scalar."""
+    mode = FakeTensorMode()
+    with mode:
+        fx, fy = torch.empty(2, 3), torch.empty(2, 3)
+        fout = fx * scalar_val + fy
+    g = torch.fx.Graph()
+    x, n, y = g.placeholder("x"), g.placeholder("n"), g.placeholder("y")
+    x.meta["val"], n.meta["val"], y.meta["val"] = fx, scalar_val, fy
+    mul = g.call_function(aten.mul.Tensor, (x, n))
+    mul.meta["val"] = fout
+    add = g.call_function(aten.add.Tensor, (mul, y))
+    add.meta["val"] = fout
+    g.output((add,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    lowered = lower_graph(gm, Options().opset)
+    sess = SessionCache().get(lowered.model.SerializeToString(), Options(), {torch.device("cpu")})
+    return build_runner("scaled_sum", lowered, sess)
+
+
+@pytest.mark.parametrize("example,values", [(3.0, [0.5, -2.0, 1e10]), (2, [0, 7, -3])])
+def test_python_scalar_inputs(example, values):
+    runner = scaled_sum_graph(example)
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    for v in values:
+        (out,) = runner(x, v, y)
+        torch.testing.assert_close(out, x * v + y)
+
+
+def test_argument_errors_name_the_input():
+    runner = scaled_sum_graph(2.0)
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    with pytest.raises(TypeError, match="expected 3 arguments, got 2"):
+        runner(x, 1.0)
+    with pytest.raises(TypeError, match=r"argument 0 \(x\).*torch.float32.*got a torch.float64"):
+        runner(x.double(), 1.0, y)
+    with pytest.raises(ValueError, match=r"argument 2 \(y\).*shape \(2, 3\).*got.*\(3, 2\)"):
+        runner(x, 1.0, torch.randn(3, 2))
+    with pytest.raises(TypeError, match="got list"):
+        runner(x, 1.0, [1, 2])
+
+
+def test_runner_counts_runs_and_reuses_bindings():
+    runner = scaled_sum_graph(2.0)
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    for i in range(5):
+        (out,) = runner(x, float(i), y)
+        torch.testing.assert_close(out, x * i + y)
+    # a new tensor at another address is rebound; a non-contiguous one is copied first
+    x2 = torch.randn(3, 2).t()
+    (out,) = runner(x2, 1.5, y)
+    torch.testing.assert_close(out, x2 * 1.5 + y)
+    assert runner.runs == 6
