@@ -65,3 +65,31 @@ def test_runner_counts_runs_and_reuses_bindings():
     (out,) = runner(x2, 1.5, y)
     torch.testing.assert_close(out, x2 * 1.5 + y)
     assert runner.runs == 6
+
+
+def runner_for(fn, *example):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn, tracing_mode="fake")(*example)
+    lowered = lower_graph(gm, Options().opset)
+    sess = SessionCache().get(lowered.model.SerializeToString(), Options(), {torch.device("cpu")})
+    return build_runner("fn", lowered, sess)
+
+
+def test_guarded_fast_path_still_catches_changed_arguments():
+    runner = runner_for(lambda x, y: (torch.relu(x * x + y),), torch.randn(8, 8), torch.randn(8, 8))
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    for _ in range(3):  # the first validated call builds the guard; the next ones use it
+        torch.testing.assert_close(runner(x, y)[0], torch.relu(x * x + y))
+    xt = torch.randn(8, 8).t()
+    torch.testing.assert_close(runner(xt, y)[0], torch.relu(xt * xt + y))
+    y2 = torch.randn(8, 8, requires_grad=True)
+    torch.testing.assert_close(runner(x, y2)[0], torch.relu(x * x + y2).detach())
+    with pytest.raises(TypeError, match="float64"):
+        runner(x.double(), y)
+    with pytest.raises(ValueError, match="shape"):
+        runner(torch.randn(8, 9), y)
+    with pytest.raises(TypeError, match="int"):
+        runner(x, 3)
+    x.data = torch.randn(8, 8)  # same object, new memory: rebound by pointer
+    torch.testing.assert_close(runner(x, y)[0], torch.relu(x * x + y))
