@@ -71,7 +71,7 @@ cdef class Runner:
     cdef object guard           # checks all tensor arguments at once (torch's TensorGuards)
     cdef object guard_factory   # builds the guard from the first arguments that pass validation
     cdef public long runs
-    cdef readonly bint _boxed_call  # aot_autograd's convention: one list argument, cleared by the callee
+    cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
                  guard_factory=None, bint returns_tuple=True, bint boxed=False):
@@ -105,7 +105,8 @@ cdef class Runner:
         self.plan_scalar = [p[3] for p in plan]
         self.single_output = len(plan) == 1 and plan[0][0] == S_ORT and not plan[0][3]
         self.returns_tuple = returns_tuple
-        self._boxed_call = boxed
+        if boxed:  # aot_autograd's convention: one list argument, cleared by the callee
+            self._boxed_call = True
         self.pool = []
         self.runs = 0
         self.scratch = scratch
