@@ -2,6 +2,7 @@
 
     python bench/overhead.py [--rounds 15] [--iters 2000] [--device cpu|cuda] [--json out.json]
 
+Candidates: eager, inductor, ortlite (torch.compile), ortlite AOT (ortlite.compile).
 Floors, measured in the same run:
   raw ORT       the same ONNX model ortlite built, I/O pre-bound, only run_with_iobinding timed
   dynamo+aot    torch.compile through aot_autograd with a compiler that returns a constant
@@ -121,6 +122,19 @@ def graph_args(fn, args):
     return recorded[0]
 
 
+class _Wrap(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def as_module(fn):
+    return fn if isinstance(fn, torch.nn.Module) else _Wrap(fn)
+
+
 def own_code(fn):
     """fn behind a function with a code object of its own. Dynamo keeps compiled entries
     per code object and checks them in turn: candidates compiled from one function would
@@ -158,6 +172,7 @@ def bench_case(case, device, rounds, iters, with_inductor):
 
     first = {}
     first["ortlite"] = first_call_s(lambda: torch.compile(own_code(fn), backend=be), args, sync)
+    first["dynamo+aot floor"] = first_call_s(lambda: torch.compile(own_code(fn), backend=constant_backend(expected)), args, sync)
     onnx_files = sorted(glob.glob(os.path.join(dump_dir, "*.onnx")))
     if be.stats.fallback_ops or len(onnx_files) != 1:
         print(f"note: {label}: ortlite compiled {len(onnx_files)} graphs, fallback {be.stats.fallback_ops}", file=sys.stderr)
@@ -170,6 +185,9 @@ def bench_case(case, device, rounds, iters, with_inductor):
         candidates["inductor"] = torch.compile(own_code(fn), backend="inductor")
     candidates["ortlite"] = torch.compile(own_code(fn), backend=ortlite.Backend())
     candidates["dynamo+aot floor"] = torch.compile(own_code(fn), backend=constant_backend(expected))
+    start = time.perf_counter()
+    candidates["ortlite AOT"] = ortlite.compile(as_module(fn), args)
+    first["ortlite AOT"] = time.perf_counter() - start
     raw, raw_out = raw_ort_floor(onnx_files[0], graph_args(fn, args), device)
     torch.testing.assert_close(raw_out, expected, rtol=1e-4, atol=1e-5)
 
@@ -194,6 +212,8 @@ def bench_case(case, device, rounds, iters, with_inductor):
     if "inductor" in samples:
         ratios["ortlite / inductor"] = statistics.median(o / i for o, i in zip(samples["ortlite"], samples["inductor"]))
     ratios["ortlite - both floors (µs)"] = statistics.median(o - f for o, f in zip(samples["ortlite"], floors))
+    ratios["AOT - raw ORT floor (µs)"] = statistics.median(a - r for a, r in zip(samples["ortlite AOT"], samples["raw ORT floor"]))
+    ratios["AOT / eager"] = statistics.median(a / e for a, e in zip(samples["ortlite AOT"], samples["eager"]))
     return label, medians, ratios, first
 
 
@@ -208,6 +228,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
+    # Dynamo imports much of itself at its first compile in a process (~0.4 s, whatever the
+    # backend): pay that once here so first-call times are each candidate's own.
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
     results = []
     for key in args.cases.split(","):
         with torch.no_grad():
@@ -222,7 +245,7 @@ def main(argv=None):
     print("\nratios (median over rounds of each round's ratio)")
     for r in results:
         print(f"  {r['case']}: " + "; ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items()))
-    print("\nfirst call (compile + run), s")
+    print("\nfirst call (compile + run), s; Dynamo already warm in the process")
     for r in results:
         print(f"  {r['case']}: " + "; ".join(f"{k} {v:.3f}" for k, v in r["first_call_s"].items()))
     if args.json:

@@ -2,13 +2,15 @@
 
     fast = torch.compile(model, backend=ortlite.backend)       # or backend="ortlite"
     be = ortlite.Backend(ortlite.Options(fallback="error")); torch.compile(model, backend=be)
+    compiled = ortlite.compile(model, (example_input,))        # ahead of time, via torch.export
 """
 
+from .aot import CompiledModel, CompileError, compile
 from .dynamo_backend import Backend, Stats, UnsupportedError
 from .options import Options
 
 backend = Backend()
 """The default backend. torch.compile(..., options={...}) routes to a cached Backend for those options."""
 
-__all__ = ["Backend", "Options", "Stats", "UnsupportedError", "backend"]
+__all__ = ["Backend", "CompileError", "CompiledModel", "Options", "Stats", "UnsupportedError", "backend", "compile"]
 __version__ = "0.1.0"

@@ -7,6 +7,8 @@ Per call it touches only the arguments, the pybind session and an IOBinding take
 a small pool (one per concurrent caller: bindings are not thread-safe).
 """
 
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_REFCNT
 from libc.stdint cimport int64_t, uintptr_t
 
 import torch
@@ -38,6 +40,49 @@ cdef class _Binding:
     cdef list bound_shapes
     cdef list scalar_buffers     # 0-d tensors, bound once, written in place per call
     cdef list scalar_ptrs
+    cdef list outputs            # the output tensors bound last (kept only when recycling)
+    cdef list bound_out_ptrs
+
+
+cdef object _storage_use_count = torch._C._storage_Use_Count
+
+
+def _storage_count_of_a_fresh_tensor():
+    # The count the check below sees for a storage only one tensor uses (the temporary
+    # Python storage object it creates may hold a reference of its own).
+    t = torch.empty(1)
+    return _storage_use_count(t.untyped_storage()._cdata)
+
+
+cdef Py_ssize_t _SOLE_STORAGE_COUNT = _storage_count_of_a_fresh_tensor()
+
+
+cdef extern from "Python.h":
+    ctypedef struct _TypeWithWeaklist "PyTypeObject":
+        Py_ssize_t tp_weaklistoffset
+
+
+cdef inline bint _has_weakrefs(object o):
+    cdef Py_ssize_t offset = (<_TypeWithWeaklist*>(<PyObject*>o).ob_type).tp_weaklistoffset
+    if offset <= 0:
+        return False
+    return (<PyObject**>((<char*><PyObject*>o) + offset))[0] != NULL
+
+
+cdef inline bint _unobservable(object t, uintptr_t ptr):
+    """True when nothing but the binding can reach tensor t or its memory: no other Python
+    reference, no C++ reference (autograd, views, DLPack), no other user of its storage,
+    no weak reference, no attributes, unchanged memory. Refilling it is then invisible."""
+    return (
+        Py_REFCNT(t) == 2  # the binding's list and this function's argument
+        and type(t) is Tensor
+        and not _has_weakrefs(t)
+        and t._use_count() == 1
+        and not t.requires_grad
+        and t.data_ptr() == ptr
+        and _storage_use_count(t.untyped_storage()._cdata) == _SOLE_STORAGE_COUNT
+        and not t.__dict__
+    )
 
 
 cdef class Runner:
@@ -70,17 +115,21 @@ cdef class Runner:
     cdef list pool
     cdef object guard           # checks all tensor arguments at once (torch's TensorGuards)
     cdef object guard_factory   # builds the guard from the first arguments that pass validation
+    cdef bint recycle_outputs   # refill a binding's previous outputs when nothing can observe them
     cdef public long runs
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
-                 guard_factory=None, bint returns_tuple=True, bint boxed=False):
+                 guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
         scratch: a small tensor on the graph's device, bound for zero-element tensors.
         guard_factory: args -> an object whose check(*args) is true only for arguments that
-            match the schema as these do (None: validate every call argument by argument)."""
+            match the schema as these do (None: validate every call argument by argument).
+        recycle_outputs: keep two bindings in turn, each with its last outputs bound; when
+            no one can observe those tensors any more (see _unobservable), run into them
+            again instead of allocating and binding new ones. For small CPU outputs."""
         self.name = name
         self.sess = sess
         self.run_options = run_options
@@ -112,6 +161,9 @@ cdef class Runner:
         self.scratch = scratch
         self.scratch_ptr = scratch.data_ptr()
         self.guard = None
+        self.recycle_outputs = recycle_outputs
+        if recycle_outputs:  # two bindings used in turn: the caller usually still holds the last result
+            self.pool = [self._new_binding(), self._new_binding()]
         self.guard_factory = guard_factory if all(k == K_TENSOR for k in self.kinds) else None
 
     cdef _Binding _new_binding(self):
@@ -122,6 +174,8 @@ cdef class Runner:
         b.bound_shapes = [None] * self.n_args
         b.scalar_buffers = [None] * self.n_args
         b.scalar_ptrs = [0] * self.n_args
+        b.outputs = [None] * len(self.out_names)
+        b.bound_out_ptrs = [0] * len(self.out_names)
         for i in range(self.n_args):
             kind = self.kinds[i]
             if kind == K_INT or kind == K_FLOAT or kind == K_BOOL:
@@ -142,18 +196,14 @@ cdef class Runner:
             n = len(args)
         if n != self.n_args:
             raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
-        b = self.pool.pop() if self.pool else self._new_binding()
+        b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
         try:
             if self.guard is not None and self.guard.check(*args):
                 keep_alive = None
                 self._bind_guarded(b, args)
             else:
                 keep_alive = self._bind_validated(b, args)
-            outs = []
-            for i in range(len(self.out_names)):
-                out = empty_like(self.out_templates[i])
-                b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], self.out_shapes[i], out.data_ptr() or self.scratch_ptr)
-                outs.append(out)
+            outs = self._bind_outputs(b)
             try:
                 self.sess.run_with_iobinding(b.iob, self.run_options)
             except Exception as e:
@@ -168,6 +218,24 @@ cdef class Runner:
             return (outs[0],) if self.returns_tuple else outs[0]
         results = self._results(outs, args)
         return results if self.returns_tuple else results[0]
+
+    cdef list _bind_outputs(self, _Binding b):
+        cdef Py_ssize_t i
+        cdef list outs = []
+        for i in range(len(self.out_names)):
+            if self.recycle_outputs:
+                last = b.outputs[i]
+                if last is not None and _unobservable(last, b.bound_out_ptrs[i]):
+                    outs.append(last)
+                    continue
+            out = empty_like(self.out_templates[i])
+            ptr = out.data_ptr() or self.scratch_ptr
+            b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], self.out_shapes[i], ptr)
+            if self.recycle_outputs:
+                b.outputs[i] = out
+                b.bound_out_ptrs[i] = ptr
+            outs.append(out)
+        return outs
 
     cdef _bind_guarded(self, _Binding b, tuple args):
         """Every argument is a tensor whose type, dtype, device, sizes and strides the

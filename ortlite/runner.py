@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as C
 
@@ -24,7 +26,9 @@ def output_template(dtype: torch.dtype, shape: tuple, device: torch.device) -> t
     return template
 
 
-def build_runner(name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, run_options: C.RunOptions | None = None) -> _fast.Runner:
+def build_runner(
+    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, run_options: C.RunOptions | None = None, cls=_fast.Runner
+) -> _fast.Runner:
     inputs = []
     for spec in lowered.inputs:
         kind = _fast.ARG_KINDS[spec.kind]
@@ -41,7 +45,7 @@ def build_runner(name: str, lowered: LoweredGraph, sess, *, boxed: bool = False,
     plan = [(_fast.OUTPUT_SOURCES[o.source], o.index, o.value, o.as_scalar) for o in lowered.outputs]
     devices = [spec.device for spec in lowered.ort_outputs + lowered.inputs if spec.device is not None]
     scratch = torch.empty(64, dtype=torch.uint8, device=devices[0] if devices else "cpu")
-    return _fast.Runner(
+    return cls(
         name,
         sess,
         run_options or C.RunOptions(),
@@ -53,7 +57,22 @@ def build_runner(name: str, lowered: LoweredGraph, sess, *, boxed: bool = False,
         _guard_factory([spec.shape for spec in lowered.inputs]),
         lowered.returns_tuple,
         boxed,
+        _recycle_outputs(lowered),
     )
+
+
+RECYCLE_MAX_BYTES = 256 * 1024
+
+
+def _recycle_outputs(lowered: LoweredGraph) -> bool:
+    """Recycle outputs (see Runner) where allocation is a real part of a call: small, static,
+    CPU outputs. (On CUDA the caching allocator also orders reuse across streams.)"""
+    total = 0
+    for o in lowered.ort_outputs:
+        if o.device.type != "cpu" or not all(isinstance(d, int) for d in o.shape):
+            return False
+        total += math.prod(o.shape) * o.dtype.itemsize
+    return 0 < total <= RECYCLE_MAX_BYTES
 
 
 def _guard_factory(shapes):

@@ -82,6 +82,8 @@ def lower_graph(gm: torch.fx.GraphModule, opset: int) -> LoweredGraph:
             g.add_input(spec.name, spec.dtype, spec.shape)
             env[node] = Value(spec.name, spec.dtype, spec.shape)
             inputs.append(spec)
+        elif node.op == "get_attr":
+            env[node] = g.weight(node.name, getattr(gm, node.target))
         elif node.op == "call_function":
             g.current_origin = node.name
             env[node] = _lower_node(g, node, env)

@@ -109,6 +109,13 @@ class GraphBuilder:
         self._constants[key] = result
         return result
 
+    def weight(self, hint: str, tensor: torch.Tensor) -> Value:
+        """An initializer for a model weight (not deduplicated by value: weights are big)."""
+        tensor = tensor.detach().cpu().contiguous()
+        name = self.fresh(hint)
+        self.initializers.append(to_tensor_proto(tensor, name))
+        return Value(name, tensor.dtype, tensor.shape)
+
     def ints(self, values: Sequence[int]) -> Value:
         """A 1-D int64 initializer: the shape, axes and index lists ONNX ops take as inputs."""
         return self.const(np.asarray(list(values), dtype=np.int64))

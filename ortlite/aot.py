@@ -1,0 +1,211 @@
+"""ortlite.compile: ahead-of-time compilation through torch.export, for loops where even
+Dynamo's guards cost too much. The whole graph goes to ONNX Runtime or compile fails."""
+
+from __future__ import annotations
+
+import copy
+import operator
+
+import onnx
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from . import _fast
+from .decomp import export_decomposition_table
+from .dynamo_backend import dump, missing_kernel_origin
+from .lower import lower_graph
+from .options import Options
+from .partition import unsupported_nodes
+from .runner import build_runner
+from .session import SessionCache
+
+WEIGHT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+class CompileError(RuntimeError):
+    """The exported graph cannot run entirely in ONNX Runtime."""
+
+
+class CompiledModel(_fast.Runner):
+    """A model compiled ahead of time. Calling it goes straight into the Cython runner.
+
+    onnx_model: the onnx.ModelProto; providers: the session's execution providers;
+    save(path): a self-contained .onnx file that plain onnxruntime runs.
+    """
+
+    def save(self, path) -> None:
+        onnx.save(self.onnx_model_for_saving(), path)
+
+    def onnx_model_for_saving(self) -> onnx.ModelProto:
+        """The model with weights bound by pointer turned into initializers (current values)."""
+        model = copy.deepcopy(self.onnx_model)
+        bound = {name: tensor for name, tensor in zip(self._weight_input_names, self._weights) if name}
+        if bound:
+            from .lower.builder import to_tensor_proto
+
+            kept = [i for i in model.graph.input if i.name not in bound]
+            del model.graph.input[:]
+            model.graph.input.extend(kept)
+            model.graph.initializer.extend(to_tensor_proto(t.detach().cpu().contiguous(), n) for n, t in bound.items())
+        return model
+
+
+class _StructuredCompiledModel(CompiledModel):
+    """For programs whose calls need more than `runner(*tensors)`: kwargs or nested inputs,
+    weights bound by pointer, nested outputs, or buffer and input mutations."""
+
+    def __call__(self, *args, **kwargs):
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self._in_spec:
+            raise TypeError(
+                f"ortlite.compile: the call's arguments are structured as {spec}, but the model was "
+                f"exported with {self._in_spec}"
+            )
+        results = _fast.Runner.__call__(self, *self._weights, *flat)
+        if not isinstance(results, tuple):
+            results = (results,)
+        for (kind, target), value in zip(self._mutations, results):
+            destination = self._mutation_target(kind, target, flat)
+            with torch.no_grad():
+                destination.copy_(value)
+        user = results[len(self._mutations) :]
+        return pytree.tree_unflatten(list(user), self._out_spec)
+
+    def _mutation_target(self, kind, target, flat):
+        if kind == OutputKind.BUFFER_MUTATION:
+            return self._buffers[target]
+        return flat[target]
+
+
+def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
+    model,
+    args=(),
+    kwargs=None,
+    *,
+    dynamic_shapes=None,
+    options: Options | dict | None = None,
+    bind_weights: bool = False,
+) -> CompiledModel:
+    """Compile `model` (an nn.Module or a torch.export ExportedProgram) for these example
+    inputs. Parameters, buffers and constants become initializers; bind_weights=True binds
+    them by data pointer instead (shared with torch: in-place updates are seen, no copy)."""
+    options = Options.coerce(options)
+    if isinstance(model, ExportedProgram):
+        program, module = model, None
+    elif isinstance(model, torch.nn.Module):
+        program = torch.export.export(model, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
+        module = model
+    else:
+        raise TypeError(f"ortlite.compile takes an nn.Module or an ExportedProgram, got {type(model).__name__}")
+    program = program.run_decompositions(export_decomposition_table())
+    gm = program.graph_module
+    signature = program.graph_signature
+
+    _refuse_unsupported(gm)
+    state = {**program.state_dict, **program.constants}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    mutated_buffers = set(signature.buffers_to_mutate.values())
+    weights, weight_names, constants = [], [], {}
+    for spec, node in zip(signature.input_specs, placeholders):
+        if spec.kind in WEIGHT_KINDS:
+            tensor = state[spec.target]
+            if bind_weights or spec.target in mutated_buffers:
+                weights.append(tensor)
+                weight_names.append(node.name)
+            else:
+                constants[node] = tensor
+        elif spec.kind != InputKind.USER_INPUT:
+            raise CompileError(f"ortlite.compile: unsupported exported input kind {spec.kind} ({spec.target})")
+
+    gm = _with_constants(gm, constants)
+    lowered = lower_graph(gm, options.opset)
+    for transform in options.model_transforms:
+        transform(lowered.model)
+    if options.dump_dir:
+        dump(options.dump_dir, "aot", lowered.model, gm)
+    devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
+    try:
+        sess = SessionCache().get(lowered.model.SerializeToString(), options, devices)
+    except Exception as e:
+        origin = missing_kernel_origin(e, lowered.node_origin)
+        where = f" (node {origin}{_source(gm, origin)})" if origin else ""
+        raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
+
+    mutations = [
+        (spec.kind, spec.target if spec.kind == OutputKind.BUFFER_MUTATION else _user_input_index(signature, spec.target))
+        for spec in signature.output_specs
+        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)
+    ]
+    in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
+    simple = not weights and not mutations and _is_plain_tuple_call(in_spec) and _is_plain_output(out_spec)
+    cls = CompiledModel if simple else _StructuredCompiledModel
+    single_bare = simple and out_spec.is_leaf()
+    lowered.returns_tuple = not single_bare
+    compiled = build_runner("aot", lowered, sess, cls=cls)
+    compiled.onnx_model = lowered.model
+    compiled.providers = list(sess.get_providers())
+    compiled._weights = tuple(weights)
+    compiled._weight_input_names = [spec.name for spec in lowered.inputs[: len(weights)]]
+    compiled._in_spec, compiled._out_spec = in_spec, out_spec
+    compiled._mutations = mutations
+    compiled._buffers = dict(module.named_buffers()) if module is not None else {k: v for k, v in state.items()}
+    return compiled
+
+
+def _refuse_unsupported(gm: torch.fx.GraphModule) -> None:
+    unsupported = unsupported_nodes(gm, {})
+    if unsupported:
+        lines = [f"  {n.target} ({reason}){_source(gm, n.name)}" for n, reason in unsupported.items() if n.target is not operator.getitem]
+        raise CompileError(
+            "ortlite.compile needs the whole graph in ONNX Runtime, but these ops cannot run there:\n"
+            + "\n".join(lines)
+            + "\nUse torch.compile(model, backend='ortlite') to run the rest in ONNX Runtime and these in torch."
+        )
+
+
+def _source(gm: torch.fx.GraphModule, node_name: str) -> str:
+    node = next((n for n in gm.graph.nodes if n.name == node_name), None)
+    trace = (node.meta.get("stack_trace") or "").strip().splitlines() if node is not None else []
+    files = [line.strip() for line in trace if line.strip().startswith("File ")]
+    return f", from {files[-1]}" if files else ""
+
+
+def _with_constants(gm: torch.fx.GraphModule, constants: dict) -> torch.fx.GraphModule:
+    """A copy of gm where the given placeholders are replaced by constant tensors."""
+    if not constants:
+        return gm
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    by_name = {node.name: tensor for node, tensor in constants.items()}
+    for node in list(gm.graph.nodes):
+        if node.op == "placeholder" and node.name in by_name:
+            attr = f"_ortlite_const_{node.name}"
+            setattr(gm, attr, by_name[node.name])
+            with gm.graph.inserting_before(node):
+                get = gm.graph.get_attr(attr)
+            get.meta = dict(node.meta)
+            node.replace_all_uses_with(get)
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def _user_input_index(signature, name) -> int:
+    users = [s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
+    return users.index(name)
+
+
+def _children(spec) -> list:
+    return spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
+
+
+def _is_plain_tuple_call(in_spec) -> bool:
+    """(args, kwargs) where args is a flat tuple and kwargs is empty."""
+    args_spec, kwargs_spec = _children(in_spec)
+    return args_spec.type is tuple and all(c.is_leaf() for c in _children(args_spec)) and kwargs_spec.num_leaves == 0
+
+
+def _is_plain_output(out_spec) -> bool:
+    return out_spec.is_leaf() or (out_spec.type is tuple and all(c.is_leaf() for c in _children(out_spec)))

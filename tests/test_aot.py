@@ -1,0 +1,248 @@
+"""ortlite.compile: the ahead-of-time path through torch.export."""
+
+import threading
+import weakref
+
+import onnx
+import onnxruntime
+import pytest
+import torch
+
+import ortlite
+from conftest import assert_same
+from test_backend import MLP, Block
+
+torch.manual_seed(0)
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 4, 3, stride=2)
+        self.fc = torch.nn.Linear(4 * 3 * 3, 5)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv1(x))), 2)
+        return self.fc(torch.flatten(torch.relu(self.conv2(x)), 1))
+
+
+class Elementwise(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x * x + y)
+
+
+@pytest.mark.parametrize(
+    "model,shape",
+    [(MLP(), (3, 64)), (ConvNet(), (2, 3, 16, 16)), (Block(), (2, 5, 32))],
+    ids=["mlp", "convnet", "transformer_block"],
+)
+def test_matches_eager(model, shape):
+    model.eval()
+    x = torch.randn(shape)
+    compiled = ortlite.compile(model, (x,))
+    assert isinstance(compiled, ortlite.CompiledModel)
+    with torch.no_grad():
+        assert_same(compiled(x), model(x))
+        x2 = torch.randn(shape)
+        assert_same(compiled(x2), model(x2))
+
+
+def test_onnx_model_save_and_plain_onnxruntime(tmp_path):
+    model = MLP().eval()
+    x = torch.randn(2, 64)
+    compiled = ortlite.compile(model, (x,))
+    assert compiled.providers == ["CPUExecutionProvider"]
+    assert isinstance(compiled.onnx_model, onnx.ModelProto)
+    path = tmp_path / "mlp.onnx"
+    compiled.save(path)
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (out,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        assert_same(torch.from_numpy(out), model(x))
+
+
+def test_bound_weights_see_in_place_updates_and_save(tmp_path):
+    model = MLP().eval()
+    x = torch.randn(2, 64)
+    by_value = ortlite.compile(model, (x,))
+    bound = ortlite.compile(model, (x,), bind_weights=True)
+    assert len(bound.onnx_model.graph.initializer) < len(by_value.onnx_model.graph.initializer)
+    with torch.no_grad():
+        model.layers[0].weight.mul_(2)
+        expected = model(x)
+    assert_same(bound(x), expected)
+    assert not torch.allclose(by_value(x), expected)  # initializers are a copy
+    bound.save(tmp_path / "bound.onnx")  # current weights become initializers
+    sess = onnxruntime.InferenceSession(str(tmp_path / "bound.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["x"]
+    (out,) = sess.run(None, {"x": x.numpy()})
+    assert_same(torch.from_numpy(out), expected)
+
+
+def test_bound_weights_follow_data_reassignment():
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    compiled = ortlite.compile(lin, (x,), bind_weights=True)
+    lin.weight.data = torch.randn(3, 4)  # new memory: bound by its new pointer
+    with torch.no_grad():
+        assert_same(compiled(x), lin(x))
+
+
+class KwargsAndNested(torch.nn.Module):
+    def forward(self, x, pair, *, scale):
+        a, b = pair
+        return {"sum": x + a * scale, "parts": (a - b, torch.relu(b))}
+
+
+def test_kwargs_and_nested_outputs():
+    x, a, b, s = (torch.randn(3, 4) for _ in range(4))
+    compiled = ortlite.compile(KwargsAndNested(), (x, (a, b)), {"scale": s})
+    got = compiled(x, (a, b), scale=s)
+    expected = KwargsAndNested()(x, (a, b), scale=s)
+    assert set(got) == {"sum", "parts"}
+    assert_same(got["sum"], expected["sum"])
+    assert_same(list(got["parts"]), list(expected["parts"]))
+    with pytest.raises(TypeError, match="structured"):
+        compiled(x, a, scale=s)
+
+
+def test_tuple_output_and_passthrough():
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            return x * 2, y, x + y
+
+    x, y = torch.randn(3), torch.randn(3)
+    got = ortlite.compile(M(), (x, y))(x, y)
+    assert isinstance(got, tuple) and len(got) == 3
+    assert_same(list(got), [x * 2, y, x + y])
+
+
+def test_bad_inputs_raise_clear_errors():
+    compiled = ortlite.compile(Elementwise(), (torch.randn(8, 8), torch.randn(8, 8)))
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    with pytest.raises(TypeError, match=r"expected 2 arguments, got 1"):
+        compiled(x)
+    with pytest.raises(TypeError, match=r"argument 1 \(y\): expected a torch.float32 tensor.*got a torch.int64"):
+        compiled(x, y.long())
+    with pytest.raises(ValueError, match=r"argument 0 \(x\): expected .* shape \(8, 8\).*got .*\(8, 9\)"):
+        compiled(torch.randn(8, 9), y)
+    with pytest.raises(ValueError, match=r"argument 0 \(x\).*on cpu, got .* on meta"):
+        compiled(torch.empty(8, 8, device="meta"), y)
+    with pytest.raises(TypeError, match="got float"):
+        compiled(x, 1.0)
+
+
+def test_unsupported_op_is_a_clear_compile_error():
+    class Cumsum(torch.nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x, 0) * 2
+
+    with pytest.raises(ortlite.CompileError, match=r"(?s)aten.cumsum.default.*test_aot.py.*torch.compile"):
+        ortlite.compile(Cumsum(), (torch.randn(4),))
+
+
+def test_buffer_mutation_in_train_mode_updates_the_module():
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(()))
+            self.register_buffer("total", torch.zeros(4))
+
+        def forward(self, x):
+            self.count.add_(1)
+            self.total.add_(x.sum(0))
+            return x - self.total / self.count
+
+    eager, model = Norm(), Norm()
+    compiled = ortlite.compile(model, (torch.randn(3, 4),))
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        assert_same(compiled(x), eager(x))
+    assert_same(model.count, eager.count)
+    assert_same(model.total, eager.total)
+
+
+def test_input_mutation_reaches_the_caller():
+    class AddInPlace(torch.nn.Module):
+        def forward(self, x, y):
+            x.add_(y)
+            return x * 2
+
+    x, y = torch.randn(4), torch.randn(4)
+    x_eager = x.clone()
+    compiled = ortlite.compile(AddInPlace(), (x.clone(), y))
+    expected = AddInPlace()(x_eager, y)
+    got = compiled(x, y)
+    assert_same(got, expected)
+    assert_same(x, x_eager)
+
+
+def test_concurrent_calls_from_threads():
+    model = MLP().eval()
+    compiled = ortlite.compile(model, (torch.randn(2, 64),))
+    inputs = [torch.randn(2, 64) for _ in range(4)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(300):
+                torch.testing.assert_close(compiled(inputs[i]), expected[i])
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_recycled_outputs_are_never_visible_to_the_caller():
+    """Small CPU outputs are refilled only when nothing can observe the old tensor."""
+    compiled = ortlite.compile(Elementwise(), (torch.randn(8, 8), torch.randn(8, 8)))
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    want = lambda i: torch.relu((x + i) * (x + i) + y)  # noqa: E731
+    held = [compiled(x + i, y) for i in range(4)]  # held results
+    view = compiled(x + 4, y).view(64)  # a view keeps the storage
+    array = compiled(x + 5, y).numpy()  # so does numpy
+    ref_target = compiled(x + 6, y)
+    ref = weakref.ref(ref_target)  # a weak reference is observable too
+    grad_out = compiled(x + 7, y)
+    grad_out.requires_grad_()
+    tagged = compiled(x + 8, y)
+    tagged.note = "mine"
+    del ref_target
+    for _ in range(10):
+        compiled(x + 100, y)
+    for i, h in enumerate(held):
+        assert_same(h, want(i))
+    assert_same(view.view(8, 8), want(4))
+    assert_same(torch.from_numpy(array), want(5))
+    assert ref() is None
+    assert_same(grad_out.detach(), want(7))
+    assert_same(tagged, want(8)) and tagged.note == "mine"
+    # a dropped result is refilled: the loop `y = f(x)` alternates two buffers
+    pointers = set()
+    for i in range(6):
+        out = compiled(x, y)
+        pointers.add(out.data_ptr())
+    assert len(pointers) == 2
+
+
+def test_exported_program_input():
+    model = MLP().eval()
+    x = torch.randn(2, 64)
+    program = torch.export.export(model, (x,))
+    with torch.no_grad():
+        assert_same(ortlite.compile(program, (x,))(x), model(x))
+
+
+def test_compile_rejects_other_things():
+    with pytest.raises(TypeError, match="nn.Module or an ExportedProgram"):
+        ortlite.compile(lambda x: x, (torch.randn(2),))
