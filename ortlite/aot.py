@@ -116,12 +116,11 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
                 weights.append(tensor)
                 weight_names.append(node.name)
             else:
-                constants[node] = tensor
+                constants[node.name] = tensor
         elif spec.kind != InputKind.USER_INPUT:
             raise CompileError(f"ortlite.compile: unsupported exported input kind {spec.kind} ({spec.target})")
 
-    gm = _with_constants(gm, constants)
-    lowered = lower_graph(gm, options.opset)
+    lowered = lower_graph(gm, options.opset, constants)
     for transform in options.model_transforms:
         transform(lowered.model)
     if options.dump_dir:
@@ -171,25 +170,6 @@ def _source(gm: torch.fx.GraphModule, node_name: str) -> str:
     trace = (node.meta.get("stack_trace") or "").strip().splitlines() if node is not None else []
     files = [line.strip() for line in trace if line.strip().startswith("File ")]
     return f", from {files[-1]}" if files else ""
-
-
-def _with_constants(gm: torch.fx.GraphModule, constants: dict) -> torch.fx.GraphModule:
-    """A copy of gm where the given placeholders are replaced by constant tensors."""
-    if not constants:
-        return gm
-    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    by_name = {node.name: tensor for node, tensor in constants.items()}
-    for node in list(gm.graph.nodes):
-        if node.op == "placeholder" and node.name in by_name:
-            attr = f"_ortlite_const_{node.name}"
-            setattr(gm, attr, by_name[node.name])
-            with gm.graph.inserting_before(node):
-                get = gm.graph.get_attr(attr)
-            get.meta = dict(node.meta)
-            node.replace_all_uses_with(get)
-            gm.graph.erase_node(node)
-    gm.recompile()
-    return gm
 
 
 def _user_input_index(signature, name) -> int:

@@ -246,3 +246,18 @@ def test_exported_program_input():
 def test_compile_rejects_other_things():
     with pytest.raises(TypeError, match="nn.Module or an ExportedProgram"):
         ortlite.compile(lambda x: x, (torch.randn(2),))
+
+
+def test_outputs_that_are_weights_or_inputs():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3))
+
+        def forward(self, x):
+            return self.w, x, x * self.w
+
+    model = M()
+    x = torch.randn(3)
+    got = ortlite.compile(model, (x,))(x)
+    assert_same([g.detach() for g in got], [model.w.detach(), x, (x * model.w).detach()])

@@ -61,13 +61,18 @@ def _scalar_kind(val) -> str | None:
     return None
 
 
-def lower_graph(gm: torch.fx.GraphModule, opset: int) -> LoweredGraph:
+def lower_graph(gm: torch.fx.GraphModule, opset: int, constants: dict | None = None) -> LoweredGraph:
+    """constants: placeholder name -> tensor, for placeholders that become initializers
+    (the runner then takes no argument for them)."""
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     env: dict[torch.fx.Node, object] = {}
     inputs: list[InputSpec] = []
+    constants = constants or {}
 
     for node in gm.graph.nodes:
-        if node.op == "placeholder":
+        if node.op == "placeholder" and node.name in constants:
+            env[node] = g.weight(node.name, constants[node.name])
+        elif node.op == "placeholder":
             val = meta(node)
             if not node.users:
                 inputs.append(InputSpec(UNUSED))
@@ -88,7 +93,7 @@ def lower_graph(gm: torch.fx.GraphModule, opset: int) -> LoweredGraph:
             g.current_origin = node.name
             env[node] = _lower_node(g, node, env)
         elif node.op == "output":
-            outputs, ort_outputs = _lower_outputs(g, node, env, inputs)
+            outputs, ort_outputs = _lower_outputs(g, node, env, inputs, constants)
             returns_tuple = isinstance(node.args[0], (tuple, list))
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
@@ -112,8 +117,9 @@ def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):
     return Value(result, val.dtype, val.shape)
 
 
-def _lower_outputs(g: GraphBuilder, node: torch.fx.Node, env: dict, inputs: list[InputSpec]):
-    placeholders = {n: i for i, n in enumerate(n for n in node.graph.nodes if n.op == "placeholder")}
+def _lower_outputs(g: GraphBuilder, node: torch.fx.Node, env: dict, inputs: list[InputSpec], constants: dict):
+    arguments = [n for n in node.graph.nodes if n.op == "placeholder" and n.name not in constants]
+    placeholders = {n: i for i, n in enumerate(arguments)}
     outputs: list[OutputSpec] = []
     ort_outputs: list[InputSpec] = []
     ort_index: dict[str, int] = {}
