@@ -28,9 +28,10 @@ cdef enum:
     S_ORT = 0
     S_INPUT = 1
     S_CONST = 2
+    S_SYM = 3
 
 ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL, "unused": K_UNUSED}
-OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST}
+OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST, "sym": S_SYM}
 
 
 cdef class _Binding:
@@ -116,11 +117,13 @@ cdef class Runner:
     cdef object guard           # checks all tensor arguments at once (torch's TensorGuards)
     cdef object guard_factory   # builds the guard from the first arguments that pass validation
     cdef bint recycle_outputs   # refill a binding's previous outputs when nothing can observe them
+    cdef object sizes_fn        # symbolic sizes: args -> (output shapes, size outputs); None when static
     cdef public long runs
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
-                 guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False):
+                 guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False,
+                 sizes_fn=None):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
@@ -129,7 +132,10 @@ cdef class Runner:
             match the schema as these do (None: validate every call argument by argument).
         recycle_outputs: keep two bindings in turn, each with its last outputs bound; when
             no one can observe those tensors any more (see _unobservable), run into them
-            again instead of allocating and binding new ones. For small CPU outputs."""
+            again instead of allocating and binding new ones. For small CPU outputs.
+        sizes_fn: for symbolic sizes, args -> (shape of every output, values of integer
+            outputs); it also checks that sizes agree and lie in their compiled ranges.
+            Outputs whose shape is None are allocated per call with those shapes."""
         self.name = name
         self.sess = sess
         self.run_options = run_options
@@ -147,7 +153,7 @@ cdef class Runner:
         self.out_elem_types = [o[1] for o in outputs]
         self.out_ort_devices = [o[2] for o in outputs]
         self.out_templates = [o[3] for o in outputs]
-        self.out_shapes = [tuple(o[4]) for o in outputs]
+        self.out_shapes = [tuple(o[4]) if o[4] is not None else None for o in outputs]
         self.plan_source = [p[0] for p in plan]
         self.plan_index = [p[1] for p in plan]
         self.plan_value = [p[2] for p in plan]
@@ -162,6 +168,7 @@ cdef class Runner:
         self.scratch_ptr = scratch.data_ptr()
         self.guard = None
         self.recycle_outputs = recycle_outputs
+        self.sizes_fn = sizes_fn
         if recycle_outputs:  # two bindings used in turn: the caller usually still holds the last result
             self.pool = [self._new_binding(), self._new_binding()]
         self.guard_factory = guard_factory if all(k == K_TENSOR for k in self.kinds) else None
@@ -203,7 +210,12 @@ cdef class Runner:
                 self._bind_guarded(b, args)
             else:
                 keep_alive = self._bind_validated(b, args)
-            outs = self._bind_outputs(b)
+            if self.sizes_fn is not None:
+                shapes, sizes = self.sizes_fn(args)
+                outs = self._bind_sized_outputs(b, shapes)
+            else:
+                sizes = None
+                outs = self._bind_outputs(b)
             try:
                 self.sess.run_with_iobinding(b.iob, self.run_options)
             except Exception as e:
@@ -216,8 +228,22 @@ cdef class Runner:
             self.pool.append(b)
         if self.single_output:
             return (outs[0],) if self.returns_tuple else outs[0]
-        results = self._results(outs, args)
+        results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
+
+    cdef list _bind_sized_outputs(self, _Binding b, tuple shapes):
+        cdef Py_ssize_t i
+        cdef list outs = []
+        for i in range(len(self.out_names)):
+            if self.out_shapes[i] is not None:
+                out = empty_like(self.out_templates[i])
+                shape = self.out_shapes[i]
+            else:
+                shape = shapes[i]
+                out = self.out_templates[i].new_empty(shape)
+            b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], shape, out.data_ptr() or self.scratch_ptr)
+            outs.append(out)
+        return outs
 
     cdef list _bind_outputs(self, _Binding b):
         cdef Py_ssize_t i
@@ -301,7 +327,7 @@ cdef class Runner:
             self.guard_factory = None
         return keep_alive
 
-    cdef tuple _results(self, list outs, tuple args):
+    cdef tuple _results(self, list outs, tuple args, sizes):
         cdef Py_ssize_t i, n = len(self.plan_source)
         results = []
         for i in range(n):
@@ -311,6 +337,8 @@ cdef class Runner:
                 results.append(r.item() if self.plan_scalar[i] else r)
             elif source == S_INPUT:
                 results.append(args[self.plan_index[i]])
+            elif source == S_SYM:
+                results.append(sizes[self.plan_index[i]])
             else:
                 results.append(self.plan_value[i])
         return tuple(results)

@@ -6,10 +6,11 @@ import math
 
 import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as C
+from torch.utils._sympy.printers import PythonPrinter
 
 from . import _fast
 from .lower import LoweredGraph
-from .lower.builder import TORCH_TO_ONNX
+from .lower.builder import TORCH_TO_ONNX, sym_expr
 from .session import ort_device
 
 
@@ -26,6 +27,10 @@ def output_template(dtype: torch.dtype, shape: tuple, device: torch.device) -> t
     return template
 
 
+def _is_static(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
 def build_runner(
     name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, run_options: C.RunOptions | None = None, cls=_fast.Runner
 ) -> _fast.Runner:
@@ -38,11 +43,17 @@ def build_runner(
         device = spec.device or torch.device("cpu")
         shape = tuple(d if isinstance(d, int) else -1 for d in spec.shape)
         inputs.append((kind, spec.name, spec.dtype, TORCH_TO_ONNX[spec.dtype], ort_device(device), _device_index(device), shape))
-    outputs = [
-        (o.name, TORCH_TO_ONNX[o.dtype], ort_device(o.device), output_template(o.dtype, o.shape, o.device), o.shape)
-        for o in lowered.ort_outputs
-    ]
-    plan = [(_fast.OUTPUT_SOURCES[o.source], o.index, o.value, o.as_scalar) for o in lowered.outputs]
+    outputs = []
+    for o in lowered.ort_outputs:
+        if _is_static(o.shape):
+            outputs.append((o.name, TORCH_TO_ONNX[o.dtype], ort_device(o.device), output_template(o.dtype, o.shape, o.device), o.shape))
+        else:  # allocated per call from the shape sizes_fn computes; the template gives dtype and device
+            outputs.append((o.name, TORCH_TO_ONNX[o.dtype], ort_device(o.device), torch.empty((), dtype=o.dtype, device=o.device), None))
+    sym_outputs = [o.value for o in lowered.outputs if o.source == "sym"]
+    plan = []
+    for o in lowered.outputs:
+        index = sym_outputs.index(o.value) if o.source == "sym" else o.index
+        plan.append((_fast.OUTPUT_SOURCES[o.source], index, o.value, o.as_scalar))
     devices = [spec.device for spec in lowered.ort_outputs + lowered.inputs if spec.device is not None]
     scratch = torch.empty(64, dtype=torch.uint8, device=devices[0] if devices else "cpu")
     return cls(
@@ -58,6 +69,7 @@ def build_runner(
         lowered.returns_tuple,
         boxed,
         _recycle_outputs(lowered),
+        sizes_function(name, lowered, sym_outputs),
     )
 
 
@@ -102,6 +114,53 @@ def _contiguous_strides(sizes):
         strides.append(step)
         step = step * d if (step is not None and d is not None) else None
     return list(reversed(strides))
+
+
+def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list):
+    """For graphs with symbolic sizes: a function of the call's arguments that reads each
+    symbol from the first argument size it is, checks the other sizes that must equal it
+    and the exported ranges, and returns (shapes of the outputs, values of size outputs).
+    Generated once as Python source: per call it is a few attribute reads and compares."""
+    dynamic_outputs = [o for o in lowered.ort_outputs if not _is_static(o.shape)]
+    if not lowered.symbols and not dynamic_outputs and not sym_outputs:
+        return None
+    printer = PythonPrinter()
+    read = lambda arg, dim: f"args[{arg}]" if dim is None else f"args[{arg}].shape[{dim}]"  # noqa: E731
+    lines = ["def sizes(args):"]
+    for symbol, sources in lowered.symbols.items():
+        (arg, dim), others = sources[0], sources[1:]
+        lines.append(f"    {symbol} = {read(arg, dim)}")
+        for other_arg, other_dim in others:
+            lines.append(
+                f"    if {read(other_arg, other_dim)} != {symbol}: raise _unequal({name!r}, {symbol!r}, {arg}, {dim}, {other_arg}, {other_dim}, args)"
+            )
+        low, high = lowered.symbol_ranges.get(symbol, (None, None))
+        checks = ([f"{symbol} < {low}"] if low else []) + ([f"{symbol} > {high}"] if high is not None else [])
+        if checks:
+            lines.append(f"    if {' or '.join(checks)}: raise _out_of_range({name!r}, {symbol!r}, {symbol}, {low}, {high}, {arg}, {dim})")
+    shapes = ", ".join("(" + "".join(f"{printer.doprint(sym_expr(d))}, " for d in o.shape) + ")" for o in lowered.ort_outputs)
+    values = ", ".join(printer.doprint(expr) for expr in sym_outputs)
+    lines.append(f"    return ({shapes}{',' if lowered.ort_outputs else ''}), ({values}{',' if sym_outputs else ''})")
+    namespace = {"_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range}
+    exec(compile("\n".join(lines), f"<ortlite sizes of {name}>", "exec"), namespace)  # noqa: S102
+    return namespace["sizes"]
+
+
+def _unequal_sizes(graph, symbol, arg, dim, other_arg, other_dim, args) -> Exception:
+    where = lambda a, d: f"argument {a}" + ("" if d is None else f" dim {d}")  # noqa: E731
+    value = lambda a, d: args[a] if d is None else args[a].shape[d]  # noqa: E731
+    return ValueError(
+        f"ortlite graph {graph}: {where(other_arg, other_dim)} is {value(other_arg, other_dim)} but must equal "
+        f"{where(arg, dim)}, which is {value(arg, dim)} (both are the size {symbol})"
+    )
+
+
+def _size_out_of_range(graph, symbol, value, low, high, arg, dim) -> Exception:
+    where = f"argument {arg}" + ("" if dim is None else f" dim {dim}")
+    return ValueError(
+        f"ortlite graph {graph}: {where} is {value}, outside the range [{low}, {'inf' if high is None else high}] "
+        f"it was compiled for (size {symbol})"
+    )
 
 
 def describe_mismatch(graph, index, input_name, dtype, device_index, shape, got) -> Exception:

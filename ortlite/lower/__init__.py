@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
-from .builder import GraphBuilder, Value
+from .builder import GraphBuilder, SymbolicShapeError, Value, sym_expr
 from .registry import LOWERINGS, meta, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "lower_graph", "unsupported_reason"]
@@ -35,7 +35,9 @@ class InputSpec:
 
 @dataclasses.dataclass
 class OutputSpec:
-    source: str  # "ort" (index into the ONNX outputs), "input" (an argument passed through) or "const"
+    # "ort" (index into the ONNX outputs), "input" (an argument passed through), "const",
+    # or "sym" (an integer size: value is its sympy expression over the input symbols)
+    source: str
     index: int = 0
     value: object = None
     as_scalar: bool = False  # a 0-d ORT result the graph expects as a Python number
@@ -49,6 +51,9 @@ class LoweredGraph:
     ort_outputs: list[InputSpec]  # name, dtype, shape, device of each ONNX output
     returns_tuple: bool = True  # False: the graph returns its single output bare
     node_origin: dict = dataclasses.field(default_factory=dict)  # ONNX node name -> FX node name
+    # symbol -> every (argument index, dim) it is the size of (dim None: an int argument)
+    symbols: dict = dataclasses.field(default_factory=dict)
+    symbol_ranges: dict = dataclasses.field(default_factory=dict)  # symbol -> (min, max or None)
 
 
 def _scalar_kind(val) -> str | None:
@@ -69,11 +74,15 @@ def lower_graph(gm: torch.fx.GraphModule, opset: int, constants: dict | None = N
     inputs: list[InputSpec] = []
     constants = constants or {}
 
+    symbols: dict = {}
+    ranges: dict = {}
+
     for node in gm.graph.nodes:
         if node.op == "placeholder" and node.name in constants:
             env[node] = g.weight(node.name, constants[node.name])
         elif node.op == "placeholder":
             val = meta(node)
+            _collect_symbols(val, len(inputs), symbols, ranges)
             if not node.users:
                 inputs.append(InputSpec(UNUSED))
                 continue
@@ -86,6 +95,10 @@ def lower_graph(gm: torch.fx.GraphModule, opset: int, constants: dict | None = N
                 raise LoweringError(f"graph input {node.name} has unsupported meta value {val!r}")
             g.add_input(spec.name, spec.dtype, spec.shape)
             env[node] = Value(spec.name, spec.dtype, spec.shape)
+            for d, size in enumerate(val.shape if spec.kind == TENSOR else [val]):
+                expr = sym_expr(size) if isinstance(size, (int, torch.SymInt)) else None
+                if expr is not None and expr.is_Symbol:
+                    g.symbol_sources.setdefault(expr, (spec.name, d if spec.kind == TENSOR else None))
             inputs.append(spec)
         elif node.op == "get_attr":
             env[node] = g.weight(node.name, getattr(gm, node.target))
@@ -93,11 +106,26 @@ def lower_graph(gm: torch.fx.GraphModule, opset: int, constants: dict | None = N
             g.current_origin = node.name
             env[node] = _lower_node(g, node, env)
         elif node.op == "output":
-            outputs, ort_outputs = _lower_outputs(g, node, env, inputs, constants)
+            outputs, ort_outputs = _lower_outputs(g, node, env, inputs, constants, symbols)
             returns_tuple = isinstance(node.args[0], (tuple, list))
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
-    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin)
+    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges)
+
+
+def _collect_symbols(val, index: int, symbols: dict, ranges: dict) -> None:
+    """Record which argument sizes are plain symbols, and the symbols' value ranges."""
+    sizes = [(d, s) for d, s in enumerate(val.shape)] if isinstance(val, torch.Tensor) else [(None, val)]
+    for dim, size in sizes:
+        if not isinstance(size, torch.SymInt):
+            continue
+        expr = size.node.expr
+        if expr.is_Symbol:
+            symbols.setdefault(expr, []).append((index, dim))
+            bounds = size.node.shape_env.var_to_range.get(expr)
+            if bounds is not None:
+                upper = None if not bounds.upper.is_finite else int(bounds.upper)
+                ranges[expr] = (int(bounds.lower), upper)
 
 
 def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):
@@ -110,6 +138,8 @@ def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
     result = LOWERINGS[node.target].fn(g, node, *args, **kwargs)
     val = meta(node)
+    if isinstance(val, (int, torch.SymInt)):
+        return Value(result, torch.int64, ())
     if isinstance(val, (tuple, list)):
         return tuple(
             Value(r, v.dtype, v.shape) if isinstance(v, torch.Tensor) and r is not None else None for r, v in zip(result, val)
@@ -117,7 +147,7 @@ def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):
     return Value(result, val.dtype, val.shape)
 
 
-def _lower_outputs(g: GraphBuilder, node: torch.fx.Node, env: dict, inputs: list[InputSpec], constants: dict):
+def _lower_outputs(g: GraphBuilder, node: torch.fx.Node, env: dict, inputs: list[InputSpec], constants: dict, symbols: dict):
     arguments = [n for n in node.graph.nodes if n.op == "placeholder" and n.name not in constants]
     placeholders = {n: i for i, n in enumerate(arguments)}
     outputs: list[OutputSpec] = []
@@ -132,6 +162,9 @@ def _lower_outputs(g: GraphBuilder, node: torch.fx.Node, env: dict, inputs: list
             continue
         if result in placeholders:
             outputs.append(OutputSpec("input", index=placeholders[result]))
+            continue
+        if isinstance(meta(result), torch.SymInt) and meta(result).node.expr.free_symbols <= set(symbols):
+            outputs.append(OutputSpec("sym", value=meta(result).node.expr))  # computed from argument sizes
             continue
         value = env[result]
         val = meta(result)

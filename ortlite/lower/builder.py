@@ -10,8 +10,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import onnx
+import sympy
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from torch.utils._sympy.functions import CeilDiv, FloorDiv, Max, Min, Mod, PythonMod
 
 TORCH_TO_ONNX = {
     torch.float32: TensorProto.FLOAT,
@@ -52,6 +54,21 @@ def onnx_dim(d) -> int | str:
     return d if isinstance(d, int) else str(d)
 
 
+class SymbolicShapeError(ValueError):
+    """A symbolic size the graph cannot compute from its inputs."""
+
+
+def sym_expr(value) -> sympy.Expr:
+    """The sympy expression of an int or SymInt (in the ShapeEnv's canonical symbols)."""
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    if isinstance(value, torch.SymInt):
+        return value.node.expr
+    if isinstance(value, sympy.Expr):
+        return value
+    raise SymbolicShapeError(f"not an integer size: {value!r}")
+
+
 class GraphBuilder:
     def __init__(self, name: str, opset: int):
         self.name = name
@@ -65,6 +82,9 @@ class GraphBuilder:
         self._constants: dict[tuple, Value] = {}
         self.current_origin = ""  # the FX node being lowered; ONNX node names start with it
         self.node_origin: dict[str, str] = {}  # ONNX node name -> FX node name
+        # symbol -> (graph input name, dim), dim None for an int input: where its value is
+        self.symbol_sources: dict[sympy.Symbol, tuple[str, int | None]] = {}
+        self._sym_values: dict[sympy.Expr, Value] = {}
 
     def fresh(self, hint: str) -> str:
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
@@ -119,6 +139,61 @@ class GraphBuilder:
     def ints(self, values: Sequence[int]) -> Value:
         """A 1-D int64 initializer: the shape, axes and index lists ONNX ops take as inputs."""
         return self.const(np.asarray(list(values), dtype=np.int64))
+
+    def shape(self, dims: Sequence) -> Value:
+        """A 1-D int64 value holding these sizes; symbolic ones are computed in the graph
+        from the inputs they come from."""
+        if all(isinstance(d, int) for d in dims):
+            return self.ints(dims)
+        parts = [self.ints([d]) if isinstance(d, int) else self.op("Reshape", self._size(d), self.ints([1])) for d in dims]
+        return Value(self.op("Concat", *parts, axis=0), torch.int64, (len(dims),))
+
+    def _size(self, d) -> Value:
+        return d if isinstance(d, Value) else self.sym(d)  # a Value: an FX size node, already lowered
+
+    def sym(self, value) -> Value:
+        """A 0-d int64 value equal to an int or SymInt at run time."""
+        return self._sym(sym_expr(value))
+
+    def _sym(self, expr: sympy.Expr) -> Value:
+        cached = self._sym_values.get(expr)
+        if cached is not None:
+            return cached
+        if expr.is_Integer:
+            result = self.const(int(expr), torch.int64)
+        elif expr.is_Symbol:
+            result = self._symbol(expr)
+        elif isinstance(expr, (sympy.Add, sympy.Mul, Max, Min)):
+            op_type = {sympy.Add: "Add", sympy.Mul: "Mul", Max: "Max", Min: "Min"}[type(expr)]
+            terms = [self._sym(a) for a in expr.args]
+            result = terms[0]
+            for term in terms[1:]:
+                result = self.op(op_type, result, term)
+        elif isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) >= 1:
+            base = self._sym(expr.base)
+            result = base
+            for _ in range(int(expr.exp) - 1):
+                result = self.op("Mul", result, base)
+        elif isinstance(expr, (FloorDiv, CeilDiv, PythonMod, Mod)) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
+            # constant positive divisors only: integer division by zero would crash ORT
+            a, b = self._sym(expr.args[0]), self.const(int(expr.args[1]), torch.int64)
+            if isinstance(expr, CeilDiv):
+                a = self.op("Add", a, self.const(int(expr.args[1]) - 1, torch.int64))
+            mod = self.op("Mod", a, b, fmod=0)  # Python's sign convention
+            result = mod if isinstance(expr, (PythonMod, Mod)) else self.op("Div", self.op("Sub", a, mod), b)
+        else:
+            raise SymbolicShapeError(f"cannot compute the size {expr} in ONNX")
+        value = Value(result, torch.int64, ())
+        self._sym_values[expr] = value
+        return value
+
+    def _symbol(self, symbol: sympy.Symbol) -> str:
+        if symbol not in self.symbol_sources:
+            raise SymbolicShapeError(f"size {symbol} does not come from any graph input (a data-dependent size?)")
+        name, dim = self.symbol_sources[symbol]
+        if dim is None:
+            return name
+        return self.op("Gather", self.op("Shape", name), self.const(dim, torch.int64), axis=0)
 
     def cast(self, x: Value, dtype: torch.dtype) -> Value:
         if x.dtype == dtype:

@@ -24,17 +24,22 @@ from .builder import TORCH_TO_ONNX
 class Lowering:
     fn: Callable
     check: Callable[[torch.fx.Node], str | None] | None
+    symbolic: bool  # handles symbolic sizes (builds them with g.shape / g.sym)
 
 
 LOWERINGS: dict[object, Lowering] = {}
 
 
-def lower(*targets, check: Callable[[torch.fx.Node], str | None] | None = None):
+def lower(*targets, check: Callable[[torch.fx.Node], str | None] | None = None, symbolic: bool = False):
+    """Register a lowering. symbolic=True says it is exact with symbolic sizes too: sizes
+    reach ONNX through g.shape()/g.sym(), never through Python arithmetic on SymInts
+    (which would also add guards after Dynamo has finished)."""
+
     def register(fn):
         for target in targets:
             if target in LOWERINGS:
                 raise RuntimeError(f"two lowerings registered for {target}")
-            LOWERINGS[target] = Lowering(fn, check)
+            LOWERINGS[target] = Lowering(fn, check, symbolic)
         return fn
 
     return register
@@ -58,6 +63,16 @@ def has_symbolic_shape(t: torch.Tensor) -> bool:
     return any(not isinstance(d, int) for d in t.shape)
 
 
+def is_symbolic(node: torch.fx.Node) -> bool:
+    """Does the node read or write symbolic sizes?"""
+    if any(has_symbolic_shape(t) for t in node_tensors(node)):
+        return True
+    values = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values.append(meta(n)))
+    values.append(meta(node))
+    return any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in values)
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when ortlite can lower this node exactly; else why not."""
     lowering = LOWERINGS.get(node.target)
@@ -71,9 +86,9 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             return f"dtype {t.dtype}"
         if t.layout != torch.strided:
             return f"layout {t.layout}"
-        if has_symbolic_shape(t):
-            return "symbolic shape"
         devices.add(t.device)
+    if not lowering.symbolic and is_symbolic(node):
+        return "symbolic sizes"
     if len(devices) > 1:
         return "mixed devices"
     if lowering.check is not None:

@@ -64,3 +64,16 @@ def norm_dims(dims, rank: int) -> list[int]:
 
 def is_float(dtype: torch.dtype) -> bool:
     return dtype in FLOAT_DTYPES
+
+
+def may_be_zero(size) -> bool:
+    """Can this size be 0 at run time? (Dynamo's symbolic sizes are >= 2; export's Dims
+    say their range.) Reads the range without adding guards."""
+    if isinstance(size, int):
+        return size == 0
+    node = size.node
+    return node.shape_env.bound_sympy(node.expr).lower <= 0
+
+
+def is_static(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)

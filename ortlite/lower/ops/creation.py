@@ -9,35 +9,37 @@ import math
 import torch
 
 from ..registry import lower
-from .common import aten, out_dtype, out_shape
+from .common import as_value, aten, is_static, out_dtype, out_shape
 
 SMALL = 4096
 
 
 def _fill(g, node, value):
     dtype, shape = out_dtype(node), out_shape(node)
-    scalar = g.const(value, dtype)
+    scalar = as_value(g, value, dtype)  # a number, or a size computed in the graph
     if not shape:
         return g.op("Identity", scalar)
-    return g.op("Expand", scalar, g.ints(shape))
+    return g.op("Expand", scalar, g.shape(shape))
 
 
-@lower(aten.full.default)
+@lower(aten.full.default, symbolic=True)
 def full(g, node, size, fill_value, **_):
     return _fill(g, node, fill_value)
 
 
-@lower(aten.full_like.default)
+@lower(aten.full_like.default, symbolic=True)
 def full_like(g, node, x, fill_value, **_):
     return _fill(g, node, fill_value)
 
 
-@lower(aten.scalar_tensor.default)
+@lower(aten.scalar_tensor.default, symbolic=True)
 def scalar_tensor(g, node, value, **_):
     return _fill(g, node, value)
 
 
 def _arange_check(node):
+    if not is_static(out_shape(node)):
+        return "arange of a symbolic length"
     return "large arange" if math.prod(out_shape(node)) > SMALL * 64 else None
 
 

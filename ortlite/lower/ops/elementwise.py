@@ -33,12 +33,12 @@ def _bool_alpha_check(node):
     return None
 
 
-@lower(aten.add.Tensor, aten.add.Scalar, check=_bool_alpha_check)
+@lower(aten.add.Tensor, aten.add.Scalar, check=_bool_alpha_check, symbolic=True)
 def add(g, node, a, b, *, alpha=1):
     return _add_sub(g, node, "Add", a, b, alpha)
 
 
-@lower(aten.sub.Tensor, aten.sub.Scalar)
+@lower(aten.sub.Tensor, aten.sub.Scalar, symbolic=True)
 def sub(g, node, a, b, *, alpha=1):
     return _add_sub(g, node, "Sub", a, b, alpha)
 
@@ -53,7 +53,7 @@ def _add_sub(g, node, op_type, a, b, alpha):
     return _finish(g, node, g.op(op_type, a, b), dtype)
 
 
-@lower(aten.mul.Tensor, aten.mul.Scalar)
+@lower(aten.mul.Tensor, aten.mul.Scalar, symbolic=True)
 def mul(g, node, a, b):
     if out_dtype(node) == torch.bool:
         return g.op("And", as_value(g, a, torch.bool), as_value(g, b, torch.bool))
@@ -76,7 +76,7 @@ def _div_check(node):
     return None
 
 
-@lower(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode, check=_div_check)
+@lower(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode, check=_div_check, symbolic=True)
 def div(g, node, a, b, *, rounding_mode=None):
     dtype = _compute_dtype(node, a, b)
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
@@ -118,7 +118,7 @@ def _pow_check(node):
     return None
 
 
-@lower(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar, check=_pow_check)
+@lower(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar, check=_pow_check, symbolic=True)
 def pow_(g, node, base, exponent):
     dtype = _compute_dtype(node, base, exponent)
     if not isinstance(exponent, Value) and exponent == 2:
@@ -133,7 +133,7 @@ def pow_(g, node, base, exponent):
 
 
 def _unary(target, op_type):
-    @lower(target)
+    @lower(target, symbolic=True)
     def fn(g, node, x):
         return g.op(op_type, g.cast(x, out_dtype(node)))
 
@@ -160,12 +160,12 @@ def _not_bool(node):
     return "bool input" if out_dtype(node) == torch.bool else None
 
 
-@lower(aten.rsqrt.default)
+@lower(aten.rsqrt.default, symbolic=True)
 def rsqrt(g, node, x):
     return g.op("Reciprocal", g.op("Sqrt", g.cast(x, out_dtype(node))))
 
 
-@lower(aten.relu.default, check=_not_bool)
+@lower(aten.relu.default, check=_not_bool, symbolic=True)
 def relu(g, node, x):
     if is_float(x.dtype):
         return g.op("Relu", x)
@@ -180,17 +180,17 @@ def _gelu_check(node):
     return None if out_dtype(node) in (torch.float32, torch.float16) else f"gelu in {out_dtype(node)}"
 
 
-@lower(aten.gelu.default, check=_gelu_check)
+@lower(aten.gelu.default, check=_gelu_check, symbolic=True)
 def gelu(g, node, x, approximate="none"):
     return g.op("Gelu", x, approximate=approximate)
 
 
-@lower(aten.silu.default)
+@lower(aten.silu.default, symbolic=True)
 def silu(g, node, x):
     return g.op("Mul", x, g.op("Sigmoid", x))
 
 
-@lower(aten.threshold_backward.default)
+@lower(aten.threshold_backward.default, symbolic=True)
 def threshold_backward(g, node, grad, x, threshold):
     dtype = out_dtype(node)
     below = g.op("LessOrEqual", x, g.const(threshold, x.dtype))
@@ -200,14 +200,14 @@ def threshold_backward(g, node, grad, x, threshold):
 # -- where, comparisons, logic ---------------------------------------------------------
 
 
-@lower(aten.where.self)
+@lower(aten.where.self, symbolic=True)
 def where(g, node, cond, a, b):
     dtype = out_dtype(node)
     return g.op("Where", g.cast(cond, torch.bool), as_value(g, a, dtype), as_value(g, b, dtype))
 
 
 def _compare(target, op_type, negate=False):
-    @lower(target)
+    @lower(target, symbolic=True)
     def fn(g, node, a, b):
         dtype = promoted_dtype(arg_val(node, 0), arg_val(node, 1))
         if dtype == torch.bool and op_type != "Equal":
@@ -231,7 +231,7 @@ for _name, _op_type, _negate in [
 
 
 def _logical(target, op_type):
-    @lower(target)
+    @lower(target, symbolic=True)
     def fn(g, node, *xs):
         result = g.op(op_type, *(g.cast(x, torch.bool) for x in xs))
         return g.cast(Value(result, torch.bool, ()), out_dtype(node))
@@ -248,7 +248,7 @@ _logical(aten.logical_not.default, "Not")
 # -- clamp -----------------------------------------------------------------------------
 
 
-@lower(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor)
+@lower(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor, symbolic=True)
 def clamp(g, node, x, min=None, max=None):
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         min, max = None, min

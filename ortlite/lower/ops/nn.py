@@ -22,12 +22,12 @@ def _softmax_check(node):
     return _float_check(node)
 
 
-@lower(aten._softmax.default, check=_softmax_check)
+@lower(aten._softmax.default, check=_softmax_check, symbolic=True)
 def softmax(g, node, x, dim, half_to_float):
     return g.op("Softmax", g.cast(x, out_dtype(node)), axis=norm_dim(dim, x.rank))
 
 
-@lower(aten._log_softmax.default, check=_softmax_check)
+@lower(aten._log_softmax.default, check=_softmax_check, symbolic=True)
 def log_softmax(g, node, x, dim, half_to_float):
     return g.op("LogSoftmax", g.cast(x, out_dtype(node)), axis=norm_dim(dim, x.rank))
 
@@ -36,10 +36,12 @@ def _layer_norm_check(node):
     x = node.args[0].meta["val"]
     if len(node.args[1]) == 0 or len(node.args[1]) > x.dim():
         return "normalized_shape rank"
+    if not all(isinstance(d, int) for d in node.args[1]):
+        return "symbolic normalized_shape"
     return _float_check(node)
 
 
-@lower(aten.native_layer_norm.default, check=_layer_norm_check)
+@lower(aten.native_layer_norm.default, check=_layer_norm_check, symbolic=True)
 def native_layer_norm(g, node, x, normalized_shape, weight, bias, eps):
     if weight is None:
         weight = g.const(torch.ones(tuple(normalized_shape), dtype=x.dtype))
@@ -51,7 +53,14 @@ def native_layer_norm(g, node, x, normalized_shape, weight, bias, eps):
     return y, g.op("Cast", mean, to=TORCH_TO_ONNX[mean_val.dtype]), g.op("Cast", rstd, to=TORCH_TO_ONNX[rstd_val.dtype])
 
 
-@lower(aten._native_batch_norm_legit_no_training.default, check=_float_check)
+def _batch_norm_check(node):
+    x = node.args[0].meta["val"]
+    if x.dim() < 2 or not isinstance(x.shape[1], int):
+        return "batch norm needs a static channel dim"
+    return _float_check(node)
+
+
+@lower(aten._native_batch_norm_legit_no_training.default, check=_batch_norm_check, symbolic=True)
 def batch_norm_inference(g, node, x, weight, bias, running_mean, running_var, momentum, eps):
     channels = x.shape[1]
     dtype = x.dtype
@@ -76,7 +85,7 @@ def _conv_check(node):
     return _float_check(node)
 
 
-@lower(aten.convolution.default, check=_conv_check)
+@lower(aten.convolution.default, check=_conv_check, symbolic=True)
 def convolution(g, node, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.rank - 2
     expand = lambda v: list(v) * spatial if len(v) == 1 else list(v)  # noqa: E731
@@ -104,7 +113,7 @@ def _max_pool_check(node):
     return _float_check(node)
 
 
-@lower(aten.max_pool2d_with_indices.default, check=_max_pool_check)
+@lower(aten.max_pool2d_with_indices.default, check=_max_pool_check, symbolic=True)
 def max_pool2d_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
     kernel = pair(kernel_size)
@@ -114,7 +123,7 @@ def max_pool2d_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilat
     return values, None
 
 
-@lower(aten.embedding.default)
+@lower(aten.embedding.default, symbolic=True)
 def embedding(g, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return g.op("Gather", weight, indices, axis=0)
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, is_float, norm_dims, out_dtype
+from .common import aten, is_float, may_be_zero, norm_dims, out_dtype
 
 
 def _reduce(g, node, op_type, x, dims, keepdim):
@@ -22,35 +20,32 @@ def _reduce(g, node, op_type, x, dims, keepdim):
     return g.op(op_type, x, g.ints(axes), keepdims=int(keepdim))
 
 
-def _reduced_count(node) -> int:
+def _nonempty_check(node):
+    """mean/amax/amin over no elements: NaN or an error in aten, 0 or -inf in ORT."""
     x = node.args[0].meta["val"]
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if x.dim() == 0:
-        return 1
+        return None
     axes = norm_dims(dims, x.dim()) if dims else range(x.dim())
-    return math.prod(x.shape[a] for a in axes)
+    return "reduction over a dim that may be empty" if any(may_be_zero(x.shape[a]) for a in axes) else None
 
 
-def _nonempty_check(node):
-    return "reduction over an empty dim" if _reduced_count(node) == 0 else None
-
-
-@lower(aten.sum.dim_IntList, aten.sum.default)
+@lower(aten.sum.dim_IntList, aten.sum.default, symbolic=True)
 def sum_(g, node, x, dim=None, keepdim=False, *, dtype=None):
     return _reduce(g, node, "ReduceSum", x, dim, keepdim)
 
 
-@lower(aten.mean.dim, aten.mean.default, check=_nonempty_check)
+@lower(aten.mean.dim, aten.mean.default, check=_nonempty_check, symbolic=True)
 def mean(g, node, x, dim=None, keepdim=False, *, dtype=None):
     return _reduce(g, node, "ReduceMean", x, dim, keepdim)
 
 
-@lower(aten.amax.default, check=_nonempty_check)
+@lower(aten.amax.default, check=_nonempty_check, symbolic=True)
 def amax(g, node, x, dim=(), keepdim=False):
     return _propagate_nan(g, node, x, dim, keepdim, _reduce(g, node, "ReduceMax", x, dim, keepdim))
 
 
-@lower(aten.amin.default, check=_nonempty_check)
+@lower(aten.amin.default, check=_nonempty_check, symbolic=True)
 def amin(g, node, x, dim=(), keepdim=False):
     return _propagate_nan(g, node, x, dim, keepdim, _reduce(g, node, "ReduceMin", x, dim, keepdim))
 
