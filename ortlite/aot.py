@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 from . import _fast
 from .decomp import export_decomposition_table
 from .dynamo_backend import dump, missing_kernel_origin
-from .lower import lower_graph
+from .lower import finite_int, lower_graph
 from .options import Options
 from .partition import unsupported_nodes
 from .runner import build_runner
@@ -120,7 +120,8 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         elif spec.kind != InputKind.USER_INPUT:
             raise CompileError(f"ortlite.compile: unsupported exported input kind {spec.kind} ({spec.target})")
 
-    lowered = lower_graph(gm, options.opset, constants)
+    ranges = {symbol: (finite_int(r.lower), finite_int(r.upper)) for symbol, r in program.range_constraints.items()}
+    lowered = lower_graph(gm, options.opset, constants, ranges)
     for transform in options.model_transforms:
         transform(lowered.model)
     if options.dump_dir:

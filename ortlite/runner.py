@@ -132,12 +132,12 @@ def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list):
         lines.append(f"    {symbol} = {read(arg, dim)}")
         for other_arg, other_dim in others:
             lines.append(
-                f"    if {read(other_arg, other_dim)} != {symbol}: raise _unequal({name!r}, {symbol!r}, {arg}, {dim}, {other_arg}, {other_dim}, args)"
+                f"    if {read(other_arg, other_dim)} != {symbol}: raise _unequal({name!r}, {str(symbol)!r}, {arg}, {dim}, {other_arg}, {other_dim}, args)"
             )
         low, high = lowered.symbol_ranges.get(symbol, (None, None))
         checks = ([f"{symbol} < {low}"] if low else []) + ([f"{symbol} > {high}"] if high is not None else [])
         if checks:
-            lines.append(f"    if {' or '.join(checks)}: raise _out_of_range({name!r}, {symbol!r}, {symbol}, {low}, {high}, {arg}, {dim})")
+            lines.append(f"    if {' or '.join(checks)}: raise _out_of_range({name!r}, {str(symbol)!r}, {symbol}, {low}, {high}, {arg}, {dim})")
     shapes = ", ".join("(" + "".join(f"{printer.doprint(sym_expr(d))}, " for d in o.shape) + ")" for o in lowered.ort_outputs)
     values = ", ".join(printer.doprint(expr) for expr in sym_outputs)
     lines.append(f"    return ({shapes}{',' if lowered.ort_outputs else ''}), ({values}{',' if sym_outputs else ''})")

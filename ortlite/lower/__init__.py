@@ -66,9 +66,12 @@ def _scalar_kind(val) -> str | None:
     return None
 
 
-def lower_graph(gm: torch.fx.GraphModule, opset: int, constants: dict | None = None) -> LoweredGraph:
+def lower_graph(
+    gm: torch.fx.GraphModule, opset: int, constants: dict | None = None, symbol_ranges: dict | None = None
+) -> LoweredGraph:
     """constants: placeholder name -> tensor, for placeholders that become initializers
-    (the runner then takes no argument for them)."""
+    (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
+    overriding the ShapeEnv's (torch.export's range_constraints are the user's Dims)."""
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     env: dict[torch.fx.Node, object] = {}
     inputs: list[InputSpec] = []
@@ -110,7 +113,15 @@ def lower_graph(gm: torch.fx.GraphModule, opset: int, constants: dict | None = N
             returns_tuple = isinstance(node.args[0], (tuple, list))
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
+    ranges.update(symbol_ranges or {})
     return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges)
+
+
+def finite_int(bound) -> int | None:
+    try:
+        return int(bound)
+    except (TypeError, ValueError, OverflowError, AttributeError):  # sympy's and torch's infinities
+        return None
 
 
 def _collect_symbols(val, index: int, symbols: dict, ranges: dict) -> None:
@@ -124,8 +135,7 @@ def _collect_symbols(val, index: int, symbols: dict, ranges: dict) -> None:
             symbols.setdefault(expr, []).append((index, dim))
             bounds = size.node.shape_env.var_to_range.get(expr)
             if bounds is not None:
-                upper = None if not bounds.upper.is_finite else int(bounds.upper)
-                ranges[expr] = (int(bounds.lower), upper)
+                ranges[expr] = (finite_int(bounds.lower), finite_int(bounds.upper))
 
 
 def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):

@@ -1,0 +1,127 @@
+"""Symbolic shapes: one ONNX model with dim_param dims serves every shape."""
+
+import glob
+import os
+
+import onnx
+import pytest
+import torch
+from torch.export import Dim
+
+import ortlite
+from conftest import assert_same
+from test_backend import MLP
+
+torch.manual_seed(0)
+
+
+def test_elementwise_over_batch_sizes_one_session():
+    backend = ortlite.Backend()
+    fn = torch.compile(lambda x, y: torch.relu(x * x + y) - x.mean(), backend=backend, dynamic=True)
+    for batch in (2, 4, 6, 8, 10):
+        x, y = torch.randn(batch, 5), torch.randn(batch, 5)
+        assert_same(fn(x, y), torch.relu(x * x + y) - x.mean())
+    assert backend.stats.sessions == 1 and backend.stats.runs == 5 and backend.stats.fallback_ops == {}
+
+
+def test_mlp_inference_and_training_over_batch_sizes():
+    model = MLP()
+    backend = ortlite.Backend()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    for batch in (2, 4, 6, 8, 10):
+        x = torch.randn(batch, 64)
+        model.zero_grad()
+        out = compiled(x)
+        out.square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        expected = model(x)
+        expected.square().sum().backward()
+        assert_same(out.detach(), expected.detach())
+        assert_same(grads, [p.grad for p in model.parameters()], atol=1e-4)
+    stats = backend.stats
+    assert stats.fallback_ops == {}
+    assert stats.sessions == 2  # forward and backward, for every batch size
+    assert stats.runs == 10
+
+
+def test_batch_one_is_its_own_graph():
+    backend = ortlite.Backend()
+    fn = torch.compile(lambda x: x * 2 + 1, backend=backend, dynamic=True)
+    for batch in (3, 5, 1):
+        x = torch.randn(batch, 4)
+        assert_same(fn(x), x * 2 + 1)
+    assert backend.stats.sessions == 2  # Dynamo specializes size 1
+
+
+def test_python_int_argument_and_size_outputs():
+    def fn(x, y, n):
+        z = x.view(-1, 4) * y.sum() + n
+        return torch.cat([z, torch.full((x.shape[0] * 2, 4), 1.0)]), x.shape[0] * 3
+
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for batch, n in ((3, 4), (5, -2), (7, 10)):
+        x, y = torch.randn(batch, 2, 2), torch.randn(5)
+        got = compiled(x, y, n)
+        expected = fn(x, y, n)
+        assert_same(got[0], expected[0])
+        assert got[1] == expected[1] and type(got[1]) is int
+    assert backend.stats.sessions == 1
+
+
+def test_dumped_model_has_dim_params(tmp_path):
+    backend = ortlite.Backend(ortlite.Options(dump_dir=str(tmp_path)))
+    fn = torch.compile(lambda x: torch.softmax(x, -1) * 3, backend=backend, dynamic=True)
+    for shape in ((2, 8), (4, 7), (9, 15)):
+        x = torch.randn(shape)
+        assert_same(fn(x), torch.softmax(x, -1) * 3)
+    (path,) = glob.glob(os.path.join(tmp_path, "*.onnx"))
+    model = onnx.load(path)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert all(d.dim_param for d in dims), dims
+    assert backend.stats.sessions == 1
+
+
+def test_views_expand_slices_with_symbolic_sizes():
+    def fn(x, y):
+        b, t, d = x.shape
+        z = x.reshape(b * t, d)[: t + 1] + y[1:-1].expand(t + 1, d)
+        return z.unsqueeze(0).expand(b, -1, -1).permute(0, 2, 1), x[:, -1], x.sum(1) / t
+
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for b, t in ((2, 8), (4, 7), (9, 15)):
+        x, y = torch.randn(b, t, 6), torch.randn(3, 6)
+        assert_same(compiled(x, y), fn(x, y))
+    assert backend.stats.sessions == 1
+
+
+# -- AOT with torch.export Dims ---------------------------------------------------------
+
+
+def test_aot_dynamic_batch():
+    model = MLP().eval()
+    batch = Dim("batch", min=1, max=64)
+    compiled = ortlite.compile(model, (torch.randn(4, 64),), dynamic_shapes={"x": {0: batch}})
+    with torch.no_grad():
+        for n in (1, 3, 17):
+            x = torch.randn(n, 64)
+            assert_same(compiled(x), model(x))
+    with pytest.raises(ValueError, match=r"argument 0 dim 0 is 65, outside the range \[1, 64\]"):
+        compiled(torch.randn(65, 64))
+    with pytest.raises(ValueError, match=r"shape \(\?, 64\)"):
+        compiled(torch.randn(3, 65))
+
+
+def test_aot_sizes_that_must_agree():
+    class Add(torch.nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    n = Dim("n")
+    compiled = ortlite.compile(Add(), (torch.randn(4, 3), torch.randn(4, 3)), dynamic_shapes=({0: n}, {0: n}))
+    x, y = torch.randn(6, 3), torch.randn(6, 3)
+    assert_same(compiled(x, y), x + y)
+    with pytest.raises(ValueError, match="must equal"):
+        compiled(torch.randn(6, 3), torch.randn(5, 3))
