@@ -116,23 +116,27 @@ cdef class Runner:
     cdef list pool
     cdef object guard           # checks all tensor arguments at once (torch's TensorGuards)
     cdef object guard_factory   # builds the guard from the first arguments that pass validation
+    cdef list tensor_indices    # the guard checks these arguments
+    cdef bint all_tensors
     cdef bint recycle_outputs   # refill a binding's previous outputs when nothing can observe them
     cdef object sizes_fn        # symbolic sizes: args -> (output shapes, size outputs); None when static
+    cdef Py_ssize_t recycle_max_bytes
     cdef public long runs
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
                  guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False,
-                 sizes_fn=None):
+                 sizes_fn=None, Py_ssize_t recycle_max_bytes=0):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
         scratch: a small tensor on the graph's device, bound for zero-element tensors.
-        guard_factory: args -> an object whose check(*args) is true only for arguments that
-            match the schema as these do (None: validate every call argument by argument).
+        guard_factory: tensor args -> an object whose check(*tensor_args) is true only for
+            tensors that match the schema as these do (None: validate argument by argument).
         recycle_outputs: keep two bindings in turn, each with its last outputs bound; when
             no one can observe those tensors any more (see _unobservable), run into them
-            again instead of allocating and binding new ones. For small CPU outputs.
+            again instead of allocating and binding new ones. For small CPU outputs: with
+            symbolic sizes, those of the same shape and at most recycle_max_bytes.
         sizes_fn: for symbolic sizes, args -> (shape of every output, values of integer
             outputs); it also checks that sizes agree and lie in their compiled ranges.
             Outputs whose shape is None are allocated per call with those shapes."""
@@ -169,9 +173,12 @@ cdef class Runner:
         self.guard = None
         self.recycle_outputs = recycle_outputs
         self.sizes_fn = sizes_fn
+        self.recycle_max_bytes = recycle_max_bytes
         if recycle_outputs:  # two bindings used in turn: the caller usually still holds the last result
             self.pool = [self._new_binding(), self._new_binding()]
-        self.guard_factory = guard_factory if all(k == K_TENSOR for k in self.kinds) else None
+        self.guard_factory = guard_factory
+        self.tensor_indices = [i for i in range(self.n_args) if self.kinds[i] == K_TENSOR]
+        self.all_tensors = len(self.tensor_indices) == self.n_args
 
     cdef _Binding _new_binding(self):
         cdef _Binding b = _Binding()
@@ -205,9 +212,8 @@ cdef class Runner:
             raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
         b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
         try:
-            if self.guard is not None and self.guard.check(*args):
-                keep_alive = None
-                self._bind_guarded(b, args)
+            if self.guard is not None and self.guard.check(*self._tensor_args(args)):
+                keep_alive = self._bind_guarded(b, args)
             else:
                 keep_alive = self._bind_validated(b, args)
             if self.sizes_fn is not None:
@@ -235,13 +241,24 @@ cdef class Runner:
         cdef Py_ssize_t i
         cdef list outs = []
         for i in range(len(self.out_names)):
+            shape = self.out_shapes[i]
+            if shape is None:
+                shape = shapes[i]
+            if self.recycle_outputs:
+                last = b.outputs[i]
+                if (last is not None and last.shape == shape and last.nbytes <= self.recycle_max_bytes
+                        and _unobservable(last, b.bound_out_ptrs[i])):
+                    outs.append(last)
+                    continue
             if self.out_shapes[i] is not None:
                 out = empty_like(self.out_templates[i])
-                shape = self.out_shapes[i]
             else:
-                shape = shapes[i]
                 out = self.out_templates[i].new_empty(shape)
-            b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], shape, out.data_ptr() or self.scratch_ptr)
+            ptr = out.data_ptr() or self.scratch_ptr
+            b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], shape, ptr)
+            if self.recycle_outputs:
+                b.outputs[i] = out
+                b.bound_out_ptrs[i] = ptr
             outs.append(out)
         return outs
 
@@ -263,13 +280,17 @@ cdef class Runner:
             outs.append(out)
         return outs
 
-    cdef _bind_guarded(self, _Binding b, tuple args):
-        """Every argument is a tensor whose type, dtype, device, sizes and strides the
-        guard has just checked in one C++ call: only data pointers remain to bind."""
+    cdef list _bind_guarded(self, _Binding b, tuple args):
+        """The guard has just checked the type, dtype, device, sizes and strides of every
+        tensor argument in one C++ call: only pointers (and dynamic sizes) remain to bind."""
         cdef Py_ssize_t i
+        cdef int kind
         for i in range(self.n_args):
+            kind = self.kinds[i]
             a = args[i]
-            if self.in_static[i]:
+            if kind != K_TENSOR:
+                self._write_scalar(b, i, kind, a)
+            elif self.in_static[i]:
                 ptr = a.data_ptr() or self.scratch_ptr
                 if ptr != b.bound_ptrs[i]:
                     self._bind_input(b, i, self.in_shapes[i], ptr)
@@ -280,6 +301,22 @@ cdef class Runner:
                 ptr = a.data_ptr() or self.scratch_ptr
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
+        return None
+
+    cdef inline _write_scalar(self, _Binding b, Py_ssize_t i, int kind, a):
+        """Python numbers go into 0-d buffers bound once; UNUSED arguments are ignored."""
+        cdef uintptr_t p = b.scalar_ptrs[i]
+        if kind == K_INT:
+            (<int64_t*>p)[0] = a
+        elif kind == K_FLOAT:
+            (<double*>p)[0] = a
+        elif kind == K_BOOL:
+            (<char*>p)[0] = 1 if a else 0
+
+    cdef tuple _tensor_args(self, tuple args):
+        if self.all_tensors:
+            return args
+        return tuple([args[i] for i in self.tensor_indices])
 
     cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, ptr):
         b.iob.bind_input(self.in_names[i], self.in_ort_devices[i], self.in_elem_types[i], shape, ptr)
@@ -312,18 +349,11 @@ cdef class Runner:
                 ptr = a.data_ptr() or self.scratch_ptr
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
-            elif kind == K_INT:
-                p = b.scalar_ptrs[i]
-                (<int64_t*>p)[0] = a
-            elif kind == K_FLOAT:
-                p = b.scalar_ptrs[i]
-                (<double*>p)[0] = a
-            elif kind == K_BOOL:
-                p = b.scalar_ptrs[i]
-                (<char*>p)[0] = 1 if a else 0
+            else:
+                self._write_scalar(b, i, kind, a)
         if self.guard is None and self.guard_factory is not None and not keep_alive:
-            # Arguments like these pass the guard from now on: one C++ check for all.
-            self.guard = self.guard_factory(args)
+            # Tensors like these pass the guard from now on: one C++ check for all.
+            self.guard = self.guard_factory(self._tensor_args(args))
             self.guard_factory = None
         return keep_alive
 

@@ -65,11 +65,12 @@ def build_runner(
         outputs,
         plan,
         scratch,
-        _guard_factory([spec.shape for spec in lowered.inputs]),
+        _guard_factory([spec.shape for spec in lowered.inputs if spec.kind == "tensor"]),
         lowered.returns_tuple,
         boxed,
         _recycle_outputs(lowered),
         sizes_function(name, lowered, sym_outputs),
+        RECYCLE_MAX_BYTES,
     )
 
 
@@ -77,14 +78,13 @@ RECYCLE_MAX_BYTES = 256 * 1024
 
 
 def _recycle_outputs(lowered: LoweredGraph) -> bool:
-    """Recycle outputs (see Runner) where allocation is a real part of a call: small, static,
-    CPU outputs. (On CUDA the caching allocator also orders reuse across streams.)"""
-    total = 0
-    for o in lowered.ort_outputs:
-        if o.device.type != "cpu" or not all(isinstance(d, int) for d in o.shape):
-            return False
-        total += math.prod(o.shape) * o.dtype.itemsize
-    return 0 < total <= RECYCLE_MAX_BYTES
+    """Recycle outputs (see Runner) where allocation is a real part of a call: small CPU
+    outputs (symbolic ones are checked per call). On CUDA the caching allocator also orders
+    reuse across streams, which recycling would bypass."""
+    if not lowered.ort_outputs or any(o.device.type != "cpu" for o in lowered.ort_outputs):
+        return False
+    static = [o for o in lowered.ort_outputs if _is_static(o.shape)]
+    return sum(math.prod(o.shape) * o.dtype.itemsize for o in static) <= RECYCLE_MAX_BYTES
 
 
 def _guard_factory(shapes):
