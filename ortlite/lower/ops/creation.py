@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from ..builder import Value
 from ..registry import lower
 from .common import as_value, aten, is_static, out_dtype, out_shape
 
@@ -37,13 +38,30 @@ def scalar_tensor(g, node, value, **_):
     return _fill(g, node, value)
 
 
+def _arange_bounds(target, args, kwargs) -> tuple:
+    """(start, end, step) of an arange call: numbers, or size nodes / their values."""
+    if target == aten.arange.default:
+        return 0, args[0], 1
+    if target == aten.arange.start:
+        return args[0], args[1], 1
+    return args[0], args[1], args[2] if len(args) > 2 else kwargs.get("step", 1)
+
+
 def _arange_check(node):
-    if not is_static(out_shape(node)):
-        return "arange of a symbolic length"
-    return "large arange" if math.prod(out_shape(node)) > SMALL * 64 else None
+    if is_static(out_shape(node)):
+        return "large arange" if math.prod(out_shape(node)) > SMALL * 64 else None
+    # symbolic length: ONNX Range over int64 gives aten's values exactly for integer bounds
+    if any(isinstance(b, float) for b in _arange_bounds(node.target, node.args, node.kwargs)):
+        return "arange with float bounds and a symbolic length"
+    return None
 
 
-@lower(aten.arange.start_step, aten.arange.default, aten.arange.start, check=_arange_check)
+@lower(aten.arange.start_step, aten.arange.default, aten.arange.start, check=_arange_check, symbolic=True)
 def arange(g, node, *args, **kwargs):
+    dtype = out_dtype(node)
+    if not is_static(out_shape(node)):
+        start, end, step = (as_value(g, b, torch.int64) for b in _arange_bounds(node.target, args, kwargs))
+        return g.op("Identity", g.cast(Value(g.op("Range", start, end, step), torch.int64, out_shape(node)), dtype))
     kwargs = {**kwargs, "device": "cpu", "pin_memory": False}
-    return g.op("Identity", g.const(node.target(*args, **kwargs), out_dtype(node)))
+    return g.op("Identity", g.const(node.target(*args, **kwargs), dtype))
+

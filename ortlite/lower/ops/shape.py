@@ -107,3 +107,13 @@ def split(g, node, x, split, dim=0):
     if len(sizes) == 1:
         return (g.op("Identity", x),)
     return g.op("Split", x, g.shape(sizes), axis=dim, outputs=len(sizes))
+
+
+@lower(aten.lift_fresh_copy.default, symbolic=True)
+def lift_fresh_copy(g, node, x):
+    return g.op("Identity", x)
+
+
+@lower(torch.ops.prims.convert_element_type.default, symbolic=True)
+def convert_element_type(g, node, x, dtype):
+    return g.op("Identity", g.cast(x, out_dtype(node)))
