@@ -1,0 +1,160 @@
+"""Model latency: eager, inductor, ortlite (torch.compile) and ortlite AOT on transformers
+models built from configs (random weights, no downloads). One thread, interleaved rounds,
+medians; first-call (compile + run) times; what fell back to torch.
+
+    python bench/models.py [--models bert,gpt2,llama,vit,resnet] [--rounds 7] [--no-inductor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch  # noqa: E402
+
+import ortlite  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from overhead import as_module, own_code  # noqa: E402
+
+
+def bert():
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024, vocab_size=30522)
+    return "BERT h256 L4 seq128 b1", BertModel(config), (torch.randint(0, 30522, (1, 128)),)
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=50257, n_positions=256)
+    return "GPT-2 h256 L4 seq128 b1", GPT2Model(config), (torch.randint(0, 50257, (1, 128)),)
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(
+        hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=32000
+    )
+    return "LLaMA h256 L4 seq128 b1", LlamaModel(config), (torch.randint(0, 32000, (1, 128)),)
+
+
+def vit():
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024, image_size=224, patch_size=16)
+    return "ViT h256 L4 224px b1", ViTModel(config), (torch.randn(1, 3, 224, 224),)
+
+
+def resnet():
+    from transformers import ResNetConfig, ResNetModel
+
+    config = ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], layer_type="basic")
+    return "ResNet basic-4 224px b1", ResNetModel(config), (torch.randn(1, 3, 224, 224),)
+
+
+MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet}
+
+
+def first_output(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    if isinstance(out, dict):
+        return next(iter(out.values()))
+    return out[0]
+
+
+def timed_first_call(fn, args):
+    start = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - start, out
+
+
+def bench_model(make, rounds, iters, with_inductor):
+    label, model, args = make()
+    model.eval()
+    torch.manual_seed(0)
+    expected = first_output(model(*args))
+    candidates, first, notes = {"eager": model}, {}, {}
+
+    backend = ortlite.Backend()
+    compiled = torch.compile(own_code(model), backend=backend)
+    first["ortlite"], out = timed_first_call(compiled, args)
+    torch.testing.assert_close(first_output(out), expected, rtol=1e-3, atol=1e-3)
+    candidates["ortlite"] = compiled
+    notes["ortlite fallback_ops"] = backend.stats.fallback_ops
+    notes["ortlite sessions"] = backend.stats.sessions
+
+    try:
+        start = time.perf_counter()
+        aot = ortlite.compile(as_module(model), args)
+        first["ortlite AOT"] = time.perf_counter() - start + timed_first_call(aot, args)[0]
+        torch.testing.assert_close(first_output(aot(*args)), expected, rtol=1e-3, atol=1e-3)
+        candidates["ortlite AOT"] = aot
+    except Exception as e:  # the AOT path needs every op in ONNX
+        notes["ortlite AOT"] = f"not compiled: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+    if with_inductor:
+        inductor = torch.compile(own_code(model), backend="inductor")
+        first["inductor"], out = timed_first_call(inductor, args)
+        candidates["inductor"] = inductor
+
+    samples = {name: [] for name in candidates}
+    for call in candidates.values():
+        call(*args)
+    for _ in range(rounds):
+        for name, call in candidates.items():
+            start = time.perf_counter()
+            for _ in range(iters):
+                call(*args)
+            samples[name].append((time.perf_counter() - start) / iters * 1e3)
+    medians = {name: statistics.median(s) for name, s in samples.items()}
+    return label, medians, first, notes
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))  # Dynamo's one-time imports
+    results = []
+    with torch.no_grad():
+        for key in args.models.split(","):
+            label, medians, first, notes = bench_model(MODELS[key], args.rounds, args.iters, not args.no_inductor)
+            results.append({"model": label, "latency_ms": medians, "first_call_s": first, "notes": notes})
+            print(f"{label}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()), flush=True)
+
+    names = ["eager", "inductor", "ortlite", "ortlite AOT"]
+    print(f"\nlatency, ms (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; no_grad)")
+    print(f"{'model':<26}" + "".join(f"{n:>14}" for n in names))
+    for r in results:
+        print(f"{r['model']:<26}" + "".join(f"{r['latency_ms'][n]:>14.2f}" if n in r["latency_ms"] else f"{'-':>14}" for n in names))
+    print("\nfirst call (compile + run), s")
+    for r in results:
+        print(f"  {r['model']}: " + "; ".join(f"{k} {v:.2f}" for k, v in r["first_call_s"].items()))
+    print("\nnotes")
+    for r in results:
+        print(f"  {r['model']}: {r['notes']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()
