@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import hashlib
+import io
+import os
 
 import onnxruntime
 import torch
@@ -16,6 +21,43 @@ NVIDIA_VENDOR_ID = 0x10DE
 
 class ProviderUnavailable(RuntimeError):
     """The execution provider a graph's device needs is not active in its session."""
+
+
+# Providers that live in a library of their own, which ORT loads (or silently fails to) at
+# session creation; loading it ourselves gives the loader's message naming what is missing.
+PROVIDER_LIBRARIES = {
+    "CUDAExecutionProvider": "libonnxruntime_providers_cuda.so",
+    "TensorrtExecutionProvider": "libonnxruntime_providers_tensorrt.so",
+}
+
+
+@functools.cache
+def provider_problem(name: str) -> str | None:
+    """Why this onnxruntime cannot run provider `name` here, or None if it should."""
+    if name not in onnxruntime.get_available_providers():
+        return f"{name} is not in this onnxruntime build (for CUDA, install onnxruntime-gpu)"
+    library = PROVIDER_LIBRARIES.get(name)
+    if library is None:
+        return None
+    capi = os.path.dirname(C.__file__)
+    try:
+        ctypes.CDLL(os.path.join(capi, "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(os.path.join(capi, library))
+    except OSError as e:
+        return f"{name} cannot be loaded: {e}"
+    return None
+
+
+def _load_cuda_libraries_from_wheels() -> None:
+    """torch's CUDA wheels bring CUDA and cuDNN as nvidia-* packages; onnxruntime can use
+    them (preload_dlls) where the system has none. Best effort, once."""
+    if provider_problem("CUDAExecutionProvider") and hasattr(onnxruntime, "preload_dlls"):
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # it prints each library it misses
+                onnxruntime.preload_dlls()
+        except Exception:  # the libraries stay missing; the problem is reported below
+            return
+        provider_problem.cache_clear()
 
 
 def device_provider(device: torch.device) -> tuple | None:
@@ -83,23 +125,30 @@ class SessionCache:
 
 
 def create_session(model_bytes: bytes, options: Options, providers: list[tuple], devices: set[torch.device]):
-    available = set(onnxruntime.get_available_providers())
-    names = [name for name, _ in providers if name in available]
-    missing = [name for name, _ in providers if name not in available]
-    if missing:
-        warn_once(f"ortlite: execution provider(s) {missing} are not in this onnxruntime build; skipped")
-    provider_options = [dict(opts) for name, opts in providers if name in available]
+    """The pybind session for these providers. Raises ProviderUnavailable when the provider
+    the graph's devices need cannot run (ORT itself would fall back to CPU in silence and
+    then read device pointers on the host); drops other providers that cannot, with a warning."""
+    if any(d.type == "cuda" for d in devices):
+        _load_cuda_libraries_from_wheels()
+    needed = {p[0] for p in (device_provider(d) for d in devices) if p is not None}
+    problems = {name: provider_problem(name) for name, _ in providers}
+    blocking = [problems[name] for name in sorted(needed) if problems.get(name)]
+    if blocking:
+        raise ProviderUnavailable(f"the graph's tensors are on {sorted(map(str, devices))}, but {'; '.join(blocking)}")
+    skipped = [problem for problem in problems.values() if problem]
+    if skipped:
+        warn_once(f"ortlite: execution provider(s) skipped: {'; '.join(skipped)}")
+    usable = [(name, opts) for name, opts in providers if not problems[name]]
     wrapper = onnxruntime.InferenceSession(
-        model_bytes, sess_options=session_options(options), providers=names, provider_options=provider_options
+        model_bytes,
+        sess_options=session_options(options),
+        providers=[name for name, _ in usable],
+        provider_options=[dict(opts) for _, opts in usable],
     )
     active = wrapper.get_providers()
-    inactive = [name for name in names if name not in active]
-    needed = {p[0] for p in (device_provider(d) for d in devices) if p is not None}
+    inactive = [name for name, _ in usable if name not in active]
     if needed - set(active):
-        raise ProviderUnavailable(
-            f"the inputs are on {sorted(map(str, devices))} but ONNX Runtime could not activate {sorted(needed - set(active))} "
-            f"(active: {active}); check that its libraries (e.g. CUDA and cuDNN for the CUDA provider) can be loaded"
-        )
+        raise ProviderUnavailable(f"the graph's tensors are on {sorted(map(str, devices))}, but {sorted(needed - set(active))} did not activate")
     if inactive:
         warn_once(f"ortlite: requested execution provider(s) {inactive} are not active in the session (active: {active})")
     return wrapper._sess
