@@ -36,6 +36,8 @@ OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST, "sym": S_SYM
 
 cdef class _Binding:
     """One IOBinding plus what was last bound to it, and buffers for scalar arguments."""
+    cdef object sess             # the session it belongs to, and the pool it goes back to
+    cdef list pool
     cdef object iob
     cdef list bound_ptrs
     cdef list bound_shapes
@@ -90,7 +92,11 @@ cdef class Runner:
     cdef readonly str name
     cdef object sess
     cdef object run_options
-    cdef object binding_factory
+    cdef object binding_factory  # session -> a new pybind SessionIOBinding
+    cdef object stream_of       # CUDA graphs: () -> a key of torch's current stream; else None
+    cdef object session_for     # stream key -> a session running on that stream
+    cdef object stream_key
+    cdef dict by_stream         # stream key -> (session, binding pool)
     cdef Py_ssize_t n_args
     cdef list kinds
     cdef list in_names
@@ -126,7 +132,7 @@ cdef class Runner:
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
                  guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False,
-                 sizes_fn=None, Py_ssize_t recycle_max_bytes=0):
+                 sizes_fn=None, Py_ssize_t recycle_max_bytes=0, stream_of=None, session_for=None):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
@@ -139,7 +145,10 @@ cdef class Runner:
             symbolic sizes, those of the same shape and at most recycle_max_bytes.
         sizes_fn: for symbolic sizes, args -> (shape of every output, values of integer
             outputs); it also checks that sizes agree and lie in their compiled ranges.
-            Outputs whose shape is None are allocated per call with those shapes."""
+            Outputs whose shape is None are allocated per call with those shapes.
+        stream_of, session_for: for graphs on CUDA. ORT fixes a session's compute stream
+            when it is made, so each torch stream the graph is called on gets its own
+            session (made by session_for on first use); stream_of() names the current one."""
         self.name = name
         self.sess = sess
         self.run_options = run_options
@@ -167,6 +176,10 @@ cdef class Runner:
         if boxed:  # aot_autograd's convention: one list argument, cleared by the callee
             self._boxed_call = True
         self.pool = []
+        self.stream_of = stream_of
+        self.session_for = session_for
+        self.stream_key = stream_of() if stream_of is not None else None
+        self.by_stream = {}
         self.runs = 0
         self.scratch = scratch
         self.scratch_ptr = scratch.data_ptr()
@@ -175,7 +188,7 @@ cdef class Runner:
         self.sizes_fn = sizes_fn
         self.recycle_max_bytes = recycle_max_bytes
         if recycle_outputs:  # two bindings used in turn: the caller usually still holds the last result
-            self.pool = [self._new_binding(), self._new_binding()]
+            self.pool.extend([self._new_binding(), self._new_binding()])
         self.guard_factory = guard_factory
         self.tensor_indices = [i for i in range(self.n_args) if self.kinds[i] == K_TENSOR]
         self.all_tensors = len(self.tensor_indices) == self.n_args
@@ -183,7 +196,9 @@ cdef class Runner:
     cdef _Binding _new_binding(self):
         cdef _Binding b = _Binding()
         cdef Py_ssize_t i
-        b.iob = self.binding_factory()
+        b.sess = self.sess
+        b.pool = self.pool
+        b.iob = self.binding_factory(self.sess)
         b.bound_ptrs = [None] * self.n_args
         b.bound_shapes = [None] * self.n_args
         b.scalar_buffers = [None] * self.n_args
@@ -210,6 +225,10 @@ cdef class Runner:
             n = len(args)
         if n != self.n_args:
             raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
+        if self.stream_of is not None:
+            key = self.stream_of()
+            if key != self.stream_key:
+                self._use_stream(key)
         b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
         try:
             if self.guard is not None and self.guard.check(*self._tensor_args(args)):
@@ -223,7 +242,7 @@ cdef class Runner:
                 sizes = None
                 outs = self._bind_outputs(b)
             try:
-                self.sess.run_with_iobinding(b.iob, self.run_options)
+                b.sess.run_with_iobinding(b.iob, self.run_options)
             except Exception as e:
                 raise RuntimeError(
                     f"ortlite: ONNX Runtime failed running graph {self.name}: {e}\n"
@@ -231,7 +250,7 @@ cdef class Runner:
                 ) from None
             self.runs += 1
         finally:
-            self.pool.append(b)
+            b.pool.append(b)  # its own session's pool, even if another thread switched streams
         if self.single_output:
             return (outs[0],) if self.returns_tuple else outs[0]
         results = self._results(outs, args, sizes)
@@ -261,6 +280,14 @@ cdef class Runner:
                 b.bound_out_ptrs[i] = ptr
             outs.append(out)
         return outs
+
+    cdef _use_stream(self, key):
+        self.by_stream[self.stream_key] = (self.sess, self.pool)
+        entry = self.by_stream.get(key)
+        if entry is None:
+            entry = (self.session_for(key), [])
+        self.sess, self.pool = entry
+        self.stream_key = key
 
     cdef list _bind_outputs(self, _Binding b):
         cdef Py_ssize_t i

@@ -20,7 +20,7 @@ from .lower import finite_int, lower_graph
 from .options import Options
 from .partition import unsupported_nodes
 from .runner import build_runner
-from .session import SessionCache
+from .session import SessionCache, current_cuda_stream
 
 WEIGHT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -127,8 +127,9 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     if options.dump_dir:
         dump(options.dump_dir, "aot", lowered.model, gm)
     devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
+    sessions, model_bytes = SessionCache(), lowered.model.SerializeToString()
     try:
-        sess = SessionCache().get(lowered.model.SerializeToString(), options, devices)
+        sess = sessions.get(model_bytes, options, devices, current_cuda_stream(devices))
     except Exception as e:
         origin = missing_kernel_origin(e, lowered.node_origin)
         where = f" (node {origin}{_source(gm, origin)})" if origin else ""
@@ -144,7 +145,9 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     cls = CompiledModel if simple else _StructuredCompiledModel
     single_bare = simple and out_spec.is_leaf()
     lowered.returns_tuple = not single_bare
-    compiled = build_runner("aot", lowered, sess, cls=cls)
+    compiled = build_runner(
+        "aot", lowered, sess, cls=cls, session_for_stream=lambda s: sessions.get(model_bytes, options, devices, s)
+    )
     compiled.onnx_model = lowered.model
     compiled.providers = list(sess.get_providers())
     compiled._weights = tuple(weights)

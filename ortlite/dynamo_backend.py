@@ -24,7 +24,7 @@ from .lower import LoweringError, lower_graph
 from .options import Options
 from .partition import fallback_counts, partition, unsupported_nodes
 from .runner import build_runner
-from .session import SessionCache
+from .session import SessionCache, current_cuda_stream
 
 _graph_ids = itertools.count()
 
@@ -177,14 +177,18 @@ class Backend:
         if self.options.dump_dir:
             dump(self.options.dump_dir, name, lowered.model, gm)
         devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
+        model_bytes = lowered.model.SerializeToString()
+        stream = current_cuda_stream(devices)
         try:
-            sess = self._sessions.get(lowered.model.SerializeToString(), self.options, devices)
+            sess = self._sessions.get(model_bytes, self.options, devices, stream)
         except Exception as e:
             origin = missing_kernel_origin(e, lowered.node_origin)
             if origin is None or self.options.fallback == "error":
                 raise
             raise MissingKernel(origin, f"ONNX Runtime has no kernel: {e}") from e
-        return build_runner(name, lowered, sess, boxed=boxed)
+        return build_runner(
+            name, lowered, sess, boxed=boxed, session_for_stream=lambda s: self._sessions.get(model_bytes, self.options, devices, s)
+        )
 
 
 class MissingKernel(Exception):

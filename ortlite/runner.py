@@ -32,8 +32,10 @@ def _is_static(shape) -> bool:
 
 
 def build_runner(
-    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, run_options: C.RunOptions | None = None, cls=_fast.Runner
+    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, cls=_fast.Runner, session_for_stream=None
 ) -> _fast.Runner:
+    """session_for_stream: for graphs on CUDA, cudaStream_t (int) -> a session computing on
+    that stream; sess is then the one for the current stream."""
     inputs = []
     for spec in lowered.inputs:
         kind = _fast.ARG_KINDS[spec.kind]
@@ -55,12 +57,21 @@ def build_runner(
         index = sym_outputs.index(o.value) if o.source == "sym" else o.index
         plan.append((_fast.OUTPUT_SOURCES[o.source], index, o.value, o.as_scalar))
     devices = [spec.device for spec in lowered.ort_outputs + lowered.inputs if spec.device is not None]
-    scratch = torch.empty(64, dtype=torch.uint8, device=devices[0] if devices else "cpu")
+    cuda = next((d for d in devices if d.type == "cuda"), None)
+    scratch = torch.empty(64, dtype=torch.uint8, device=cuda or (devices[0] if devices else "cpu"))
+    stream_of = session_for = None
+    run_options = C.RunOptions()
+    if cuda is not None and session_for_stream is not None:
+        stream_of, session_for = _stream_switch(cuda, session_for_stream)
+        if all(o.device.type == "cuda" for o in lowered.ort_outputs):
+            # ORT computes on torch's stream: ordering with torch's kernels comes from the
+            # stream itself, so the end-of-run stream synchronization is not needed.
+            run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
     return cls(
         name,
         sess,
-        run_options or C.RunOptions(),
-        lambda: C.SessionIOBinding(sess),
+        run_options,
+        C.SessionIOBinding,
         inputs,
         outputs,
         plan,
@@ -71,7 +82,24 @@ def build_runner(
         _recycle_outputs(lowered),
         sizes_function(name, lowered, sym_outputs),
         RECYCLE_MAX_BYTES,
+        stream_of,
+        session_for,
     )
+
+
+def _stream_switch(device: torch.device, session_for_stream):
+    """(stream_of, session_for) for the Runner: a cheap key of torch's current stream on
+    `device`, and the session for a key (made with the stream's cudaStream_t)."""
+    index = device.index or 0
+    current = torch._C._cuda_getCurrentStream  # (stream id, device index, device type)
+
+    def stream_of():
+        return current(index)
+
+    def session_for(key):
+        return session_for_stream(torch.cuda.current_stream(index).cuda_stream)
+
+    return stream_of, session_for
 
 
 RECYCLE_MAX_BYTES = 256 * 1024

@@ -102,15 +102,42 @@ def session_options(options: Options) -> onnxruntime.SessionOptions:
     return so
 
 
+# cudaStreamLegacy: the explicit handle of CUDA's legacy default stream, which is torch's
+# default stream. Its cuda_stream is 0, and a user_compute_stream of 0 means "none" to ORT.
+CUDA_STREAM_LEGACY = 1
+
+
+def with_compute_stream(providers: list[tuple], stream: int | None) -> list[tuple]:
+    """Providers with the CUDA provider told to run on torch's stream `stream` (a
+    cudaStream_t as an int), unless the user chose a stream in its options."""
+    if stream is None:
+        return providers
+    result = []
+    for name, opts in providers:
+        if name == "CUDAExecutionProvider" and "user_compute_stream" not in dict(opts):
+            handle = stream or CUDA_STREAM_LEGACY
+            opts = tuple(sorted({**dict(opts), "user_compute_stream": str(handle), "has_user_compute_stream": "1"}.items()))
+        result.append((name, opts))
+    return result
+
+
+def current_cuda_stream(devices: set[torch.device]) -> int | None:
+    """torch's current cudaStream_t (as an int) for a graph on CUDA; None on CPU."""
+    cuda = next((d for d in devices if d.type == "cuda"), None)
+    return None if cuda is None else torch.cuda.current_stream(cuda.index or 0).cuda_stream
+
+
 class SessionCache:
-    """One InferenceSession per (model bytes, providers): recompiles of the same graph reuse it."""
+    """One InferenceSession per (model bytes, providers, stream): recompiles of the same
+    graph reuse it. On CUDA a session is bound to one torch stream (ORT fixes the compute
+    stream when the session is made), so each stream a graph runs on gets its own."""
 
     def __init__(self):
         self._sessions: dict[tuple, C.InferenceSession] = {}
         self.created = 0
 
-    def get(self, model_bytes: bytes, options: Options, devices: set[torch.device]) -> C.InferenceSession:
-        providers = resolve_providers(options, devices)
+    def get(self, model_bytes: bytes, options: Options, devices: set[torch.device], stream: int | None = None) -> C.InferenceSession:
+        providers = with_compute_stream(resolve_providers(options, devices), stream)
         key = (hashlib.sha256(model_bytes).digest(), tuple(providers), id(options.session_options))
         sess = self._sessions.get(key)
         if sess is None:

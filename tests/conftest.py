@@ -4,11 +4,13 @@ import pytest
 import torch
 
 import ortlite
+import ortlite.logs
 
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()
+    ortlite.logs._warned.clear()  # each test sees its own once-per-cause warnings
     yield
     torch._dynamo.reset()
 
