@@ -71,7 +71,12 @@ def raw_ort_floor(onnx_path, args, device):
     so = onnxruntime.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    ro = C.RunOptions()
+    providers = ["CPUExecutionProvider"]
+    if device == "cuda":  # on torch's stream, no end-of-run sync: as ortlite runs it
+        stream = torch.cuda.current_stream().cuda_stream or 1  # 1 = cudaStreamLegacy, torch's default
+        providers = [("CUDAExecutionProvider", {"user_compute_stream": str(stream), "has_user_compute_stream": "1"}), "CPUExecutionProvider"]
+        ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
     sess = onnxruntime.InferenceSession(onnx_path, so, providers=providers)._sess
     iob = C.SessionIOBinding(sess)
     dev = (
@@ -92,7 +97,6 @@ def raw_ort_floor(onnx_path, args, device):
         out = torch.empty([int(d) for d in meta.shape], dtype=torch.float32, device=device)
         iob.bind_output(meta.name, dev, TORCH_TO_ONNX[out.dtype], list(out.shape), out.data_ptr())
         outputs.append(out)
-    ro = C.RunOptions()
 
     def run():
         sess.run_with_iobinding(iob, ro)

@@ -86,7 +86,8 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             return f"dtype {t.dtype}"
         if t.layout != torch.strided:
             return f"layout {t.layout}"
-        devices.add(t.device)
+        if not (t.device.type == "cpu" and t.dim() == 0):  # aten mixes CPU scalars into device ops
+            devices.add(t.device)
     if not lowering.symbolic and is_symbolic(node):
         return "symbolic sizes"
     if len(devices) > 1:
