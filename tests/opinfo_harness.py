@@ -53,11 +53,11 @@ def all_ops():
     return op_db
 
 
-def excluded_reason(op) -> str | None:
+def excluded_reason(op, dtypes=DTYPES) -> str | None:
     if op.name in RANDOM_OPS:
         return "random or uninitialized results"
-    if torch.float32 not in op.supported_dtypes("cpu"):
-        return "no float32 on CPU"
+    if not set(dtypes) & set(op.supported_dtypes("cpu")):
+        return f"none of {[str(d).removeprefix('torch.') for d in dtypes]} on CPU"
     return None
 
 
@@ -179,7 +179,7 @@ def run_sample(op, sample, rtol=RTOL, atol=ATOL):
 
 def sweep_op(op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0) -> OpResult:
     name = op_id(op)
-    reason = excluded_reason(op)
+    reason = excluded_reason(op, dtypes)
     if reason:
         return OpResult(name, "skipped", detail=reason)
     result = OpResult(name, "ort")

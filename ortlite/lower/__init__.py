@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
-from .builder import GraphBuilder, Value
+from .builder import TORCH_TO_ONNX, GraphBuilder, Value
 from .registry import LOWERINGS, meta, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "lower_graph", "unsupported_reason"]
@@ -85,12 +85,24 @@ def lower_graph(gm: torch.fx.GraphModule, opset: int) -> LoweredGraph:
         elif node.op == "call_function":
             g.current_origin = node.name
             env[node] = _lower_node(g, node, env)
+        elif node.op == "get_attr":  # a tensor constant of the graph: an initializer
+            value = _attr(gm, node.target)
+            if not isinstance(value, torch.Tensor) or value.dtype not in TORCH_TO_ONNX or value.layout != torch.strided:
+                raise LoweringError(f"graph constant {node.target} is not a strided tensor ONNX holds: {type(value).__name__}")
+            env[node] = g.const(value)
         elif node.op == "output":
             outputs, ort_outputs = _lower_outputs(g, node, env, inputs)
             returns_tuple = isinstance(node.args[0], (tuple, list))
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
     return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin)
+
+
+def _attr(gm: torch.fx.GraphModule, target: str):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):

@@ -64,3 +64,10 @@ def norm_dims(dims, rank: int) -> list[int]:
 
 def is_float(dtype: torch.dtype) -> bool:
     return dtype in FLOAT_DTYPES
+
+
+def where(g: GraphBuilder, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
+    """ONNX Where, also for bool values (ONNX Runtime has no bool Where kernel)."""
+    if dtype != torch.bool:
+        return g.op("Where", cond, a, b)
+    return g.op("Or", g.op("And", cond, a), g.op("And", g.op("Not", cond), b))
