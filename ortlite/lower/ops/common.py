@@ -47,7 +47,16 @@ def as_value(g: GraphBuilder, x, dtype: torch.dtype) -> Value:
     """A tensor Value cast to dtype, or a Python number made a 0-d constant of dtype."""
     if isinstance(x, Value):
         return g.cast(x, dtype)
+    if dtype in INT_DTYPES and isinstance(x, int) and not isinstance(x, bool):
+        x = wrap_int(x, dtype)
     return g.const(x, dtype)
+
+
+def wrap_int(value: int, dtype: torch.dtype) -> int:
+    """A Python int as aten casts it to an integer dtype: modulo 2**bits."""
+    info = torch.iinfo(dtype)
+    span = 2**info.bits
+    return (value - info.min) % span + info.min
 
 
 def norm_dim(dim: int, rank: int) -> int:

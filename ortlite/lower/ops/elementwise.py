@@ -485,3 +485,26 @@ def leaky_relu(g, node, x, negative_slope=0.01):
 def hardtanh(g, node, x, min_val=-1, max_val=1):
     # Max/Min propagate NaN as aten does
     return g.op("Min", g.op("Max", x, g.const(min_val, x.dtype)), g.const(max_val, x.dtype))
+
+
+def _signbit(g, x: str, dtype) -> str:
+    """x < 0, and true for -0.0 (1 / -0.0 is -inf)."""
+    zero = g.const(0, dtype)
+    return g.op("Or", g.op("Less", x, zero), g.op("And", g.op("Equal", x, zero), g.op("Less", g.op("Reciprocal", x), zero)))
+
+
+@lower(aten.atan2.default)
+def atan2(g, node, y, x):
+    dtype = out_dtype(node)
+    y, x = as_value(g, y, dtype), as_value(g, x, dtype)
+    pi = g.op("Where", _signbit(g, y, dtype), g.const(-math.pi, dtype), g.const(math.pi, dtype))
+    x_negative = _signbit(g, x, dtype)
+    base = g.op("Atan", g.op("Div", y, x))
+    result = g.op("Where", x_negative, g.op("Add", base, pi), base)
+    # the quotient is 0/0 or inf/inf: IEEE atan2's values for signed zeros and infinities
+    zero = g.const(0, dtype)
+    both_zero = g.op("And", g.op("Equal", y, zero), g.op("Equal", x, zero))
+    result = g.op("Where", both_zero, g.op("Where", x_negative, pi, y), result)
+    both_inf = g.op("And", g.op("IsInf", y), g.op("IsInf", x))
+    quarter = g.op("Mul", pi, g.op("Where", x_negative, g.const(0.75, dtype), g.const(0.25, dtype)))
+    return g.op("Where", both_inf, quarter, result)

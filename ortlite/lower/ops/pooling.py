@@ -73,20 +73,21 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
     kernel, strides, dilations, begins, ends = _pool_args(x.shape, spatial, out_shape(node)[-spatial:], kernel_size, stride, padding, dilation)
     attrs = dict(kernel_shape=kernel, strides=strides, dilations=dilations, pads=begins + ends)
     values = g.op("MaxPool", x, **attrs)
-    uses_indices = any(user.args[1] == 1 for user in node.users)
-    if not uses_indices:
-        return _unbatch(g, values, unbatched), None
-    # Indices: ONNX numbers them over the whole tensor, aten within each plane. ONNX skips
-    # NaN where aten takes the last NaN of the window: a max-pool of (position + 1) where
-    # x is NaN finds that one.
-    _, onnx_indices = g.op("MaxPool", x, outputs=2, **attrs)
+    # ONNX Runtime's MaxPool keeps NaN only when a window starts with it; aten's window
+    # max is NaN when any element is, and its index is the window's last NaN. A max-pool
+    # of (position + 1) where x is NaN finds both.
     plane = math.prod(x.shape[-spatial:])
-    indices = g.op("Mod", onnx_indices, g.const(plane, torch.int64))
     positions = torch.arange(1, plane + 1, dtype=torch.float32).view(x.shape[-spatial:])
-    nan_at = g.op("Where", g.op("IsNaN", x), g.const(positions), g.const(0.0, torch.float32))
-    last_nan = g.op("MaxPool", nan_at, **attrs)
+    last_nan = g.op("MaxPool", g.op("Where", g.op("IsNaN", x), g.const(positions), g.const(0.0, torch.float32)), **attrs)
+    has_nan = g.op("Greater", last_nan, g.const(0.0, torch.float32))
+    values = g.op("Where", has_nan, g.const(float("nan"), x.dtype), values)
+    if not any(user.args[1] == 1 for user in node.users):
+        return _unbatch(g, values, unbatched), None
+    # ONNX numbers indices over the whole tensor, aten within each plane
+    _, onnx_indices = g.op("MaxPool", x, outputs=2, **attrs)
+    indices = g.op("Mod", onnx_indices, g.const(plane, torch.int64))
     nan_index = g.op("Sub", g.op("Cast", last_nan, to=TORCH_TO_ONNX[torch.int64]), g.const(1, torch.int64))
-    indices = g.op("Where", g.op("Greater", last_nan, g.const(0.0, torch.float32)), nan_index, indices)
+    indices = g.op("Where", has_nan, nan_index, indices)
     return _unbatch(g, values, unbatched), _unbatch(g, indices, unbatched)
 
 

@@ -97,8 +97,12 @@ def any_(g, node, x, dim=None, keepdim=False):
 def _arg_check(node):
     x = node.args[0].meta["val"]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    if x.numel() == 0 or (dim is not None and x.dim() and x.shape[norm_dims(dim, x.dim())[0]] == 0):
-        return "arg reduction over an empty dim"
+    if dim is None or x.dim() == 0:
+        empty = x.numel() == 0
+    else:
+        empty = x.shape[norm_dims(dim, x.dim())[0]] == 0
+    if empty:
+        return "arg reduction over an empty dim (aten raises)"
     return None
 
 

@@ -4,6 +4,8 @@ lower index first, as aten's stable sort does."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ..builder import Value
@@ -35,6 +37,10 @@ def _check(node):
         is_sorted = node.args[5] if len(node.args) > 5 else node.kwargs.get("sorted", True)
         if not is_sorted and k > 1:
             return "topk(sorted=False): aten's order is unspecified"
+    stable = node.target is aten.sort.stable and node.kwargs.get("stable")
+    indices_used = any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
+    if indices_used and not stable:
+        return "indices of equal values: aten's order is unspecified (only stable=True sorts are reproducible)"
     return None
 
 
