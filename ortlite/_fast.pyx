@@ -15,6 +15,7 @@ import torch
 
 cdef object Tensor = torch.Tensor
 cdef object empty_like = torch.empty_like
+from torch.utils.dlpack import from_dlpack
 
 # Argument kinds and output sources; ortlite/runner.py maps ortlite.lower's names to these.
 cdef enum:
@@ -249,6 +250,11 @@ cdef class Runner:
                     f"inputs: {self.describe_inputs()}; set ORTLITE_DUMP_DIR to write the model for inspection"
                 ) from None
             self.runs += 1
+            if self.sizes_fn is not None and None in outs:
+                allocated = b.iob.get_outputs()
+                for i in range(len(outs)):
+                    if outs[i] is None:
+                        outs[i] = from_dlpack(allocated.dlpack_at(i))
         finally:
             b.pool.append(b)  # its own session's pool, even if another thread switched streams
         if self.single_output:
@@ -263,6 +269,10 @@ cdef class Runner:
             shape = self.out_shapes[i]
             if shape is None:
                 shape = shapes[i]
+            if shape is None:  # a size no argument gives: ORT allocates, DLPack hands it over
+                b.iob.bind_output(self.out_names[i], self.out_ort_devices[i])
+                outs.append(None)
+                continue
             if self.recycle_outputs:
                 last = b.outputs[i]
                 if (last is not None and last.shape == shape and last.nbytes <= self.recycle_max_bytes

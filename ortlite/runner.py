@@ -166,12 +166,21 @@ def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list):
         checks = ([f"{symbol} < {low}"] if low else []) + ([f"{symbol} > {high}"] if high is not None else [])
         if checks:
             lines.append(f"    if {' or '.join(checks)}: raise _out_of_range({name!r}, {str(symbol)!r}, {symbol}, {low}, {high}, {arg}, {dim})")
-    shapes = ", ".join("(" + "".join(f"{printer.doprint(sym_expr(d))}, " for d in o.shape) + ")" for o in lowered.ort_outputs)
+    shapes = ", ".join(_shape_code(o.shape, lowered.symbols, printer) for o in lowered.ort_outputs)
     values = ", ".join(printer.doprint(expr) for expr in sym_outputs)
     lines.append(f"    return ({shapes}{',' if lowered.ort_outputs else ''}), ({values}{',' if sym_outputs else ''})")
     namespace = {"_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range}
     exec(compile("\n".join(lines), f"<ortlite sizes of {name}>", "exec"), namespace)  # noqa: S102
     return namespace["sizes"]
+
+
+def _shape_code(shape, symbols, printer) -> str:
+    """Python for an output's shape, or "None" (ORT allocates it) when a size depends on a
+    symbol no argument has whole, e.g. a graph whose input is (s0 - 1)//2 + 1 wide."""
+    exprs = [sym_expr(d) for d in shape]
+    if any(not e.free_symbols <= set(symbols) for e in exprs):
+        return "None"
+    return "(" + "".join(f"{printer.doprint(e)}, " for e in exprs) + ")"
 
 
 def _unequal_sizes(graph, symbol, arg, dim, other_arg, other_dim, args) -> Exception:

@@ -65,3 +65,17 @@ def check_fallback(fn, *args, op, **check):
 def ortlite_log(caplog):
     caplog.set_level(logging.WARNING, logger="ortlite")
     return caplog
+
+
+@torch.library.custom_op("ortlite_test::opaque", mutates_args=())
+def opaque(x: torch.Tensor) -> torch.Tensor:
+    """An op ortlite can never lower: the stand-in for "no lowering" in tests."""
+    return torch.cumsum(x, 0).clone()
+
+
+@opaque.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+OPAQUE = "ortlite_test.opaque.default"

@@ -399,9 +399,11 @@ def test_max_pool2d(kwargs):
     check_lowered(lambda x: F.max_pool2d(x, **kwargs), f32(2, 3, 8, 8))
 
 
-def test_max_pool2d_indices_and_ceil_mode_fall_back():
-    check_fallback(lambda x: F.max_pool2d(x, 2, return_indices=True), f32(1, 2, 4, 4), op="aten.max_pool2d_with_indices.default")
-    check_fallback(lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True), f32(1, 2, 8, 8), op="aten.max_pool2d_with_indices.default")
+def test_max_pool2d_indices_and_ceil_mode():
+    check_lowered(lambda x: F.max_pool2d(x, 2, return_indices=True), f32(1, 2, 4, 4))
+    check_lowered(lambda x: F.max_pool2d(x, 3, 2, padding=1, return_indices=True), f32(2, 3, 7, 7))
+    check_lowered(lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True, return_indices=True), f32(1, 2, 8, 8))
+    check_lowered(lambda x: F.max_pool2d(x, 2, 2, ceil_mode=True), f32(2, 5, 5))  # unbatched
 
 
 def test_batch_norm_inference():

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
-from .builder import GraphBuilder, SymbolicShapeError, Value, sym_expr
+from .builder import TORCH_TO_ONNX, GraphBuilder, SymbolicShapeError, Value, sym_expr
 from .registry import LOWERINGS, meta, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "lower_graph", "unsupported_reason"]
@@ -108,6 +108,11 @@ def lower_graph(
         elif node.op == "call_function":
             g.current_origin = node.name
             env[node] = _lower_node(g, node, env)
+        elif node.op == "get_attr":  # a tensor constant of the graph: an initializer
+            value = _attr(gm, node.target)
+            if not isinstance(value, torch.Tensor) or value.dtype not in TORCH_TO_ONNX or value.layout != torch.strided:
+                raise LoweringError(f"graph constant {node.target} is not a strided tensor ONNX holds: {type(value).__name__}")
+            env[node] = g.const(value)
         elif node.op == "output":
             outputs, ort_outputs = _lower_outputs(g, node, env, inputs, constants, symbols)
             returns_tuple = isinstance(node.args[0], (tuple, list))
@@ -136,6 +141,13 @@ def _collect_symbols(val, index: int, symbols: dict, ranges: dict) -> None:
             bounds = size.node.shape_env.var_to_range.get(expr)
             if bounds is not None:
                 ranges[expr] = (finite_int(bounds.lower), finite_int(bounds.upper))
+
+
+def _attr(gm: torch.fx.GraphModule, target: str):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):

@@ -47,7 +47,16 @@ def as_value(g: GraphBuilder, x, dtype: torch.dtype) -> Value:
     """A tensor Value cast to dtype, or a Python number made a 0-d constant of dtype."""
     if isinstance(x, Value):
         return g.cast(x, dtype)
+    if dtype in INT_DTYPES and isinstance(x, int) and not isinstance(x, bool):
+        x = wrap_int(x, dtype)
     return g.const(x, dtype)
+
+
+def wrap_int(value: int, dtype: torch.dtype) -> int:
+    """A Python int as aten casts it to an integer dtype: modulo 2**bits."""
+    info = torch.iinfo(dtype)
+    span = 2**info.bits
+    return (value - info.min) % span + info.min
 
 
 def norm_dim(dim: int, rank: int) -> int:
@@ -77,3 +86,10 @@ def may_be_zero(size) -> bool:
 
 def is_static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
+
+
+def where(g: GraphBuilder, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
+    """ONNX Where, also for bool values (ONNX Runtime has no bool Where kernel)."""
+    if dtype != torch.bool:
+        return g.op("Where", cond, a, b)
+    return g.op("Or", g.op("And", cond, a), g.op("And", g.op("Not", cond), b))

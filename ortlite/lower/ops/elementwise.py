@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..builder import TORCH_TO_ONNX, GraphBuilder, Value
 from ..registry import lower
+from . import common
 from .common import aten, arg_val, as_value, is_float, out_dtype, promoted_dtype
 
 
@@ -160,6 +163,10 @@ def _not_bool(node):
     return "bool input" if out_dtype(node) == torch.bool else None
 
 
+def _float_only(node):
+    return None if is_float(out_dtype(node)) else "non-float input"
+
+
 @lower(aten.rsqrt.default, symbolic=True)
 def rsqrt(g, node, x):
     return g.op("Reciprocal", g.op("Sqrt", g.cast(x, out_dtype(node))))
@@ -203,7 +210,7 @@ def threshold_backward(g, node, grad, x, threshold):
 @lower(aten.where.self, symbolic=True)
 def where(g, node, cond, a, b):
     dtype = out_dtype(node)
-    return g.op("Where", g.cast(cond, torch.bool), as_value(g, a, dtype), as_value(g, b, dtype))
+    return common.where(g, g.cast(cond, torch.bool), as_value(g, a, dtype), as_value(g, b, dtype), dtype)
 
 
 def _compare(target, op_type, negate=False):
@@ -260,3 +267,244 @@ def clamp(g, node, x, min=None, max=None):
     if max is not None:
         result = g.op("Min", result, as_value(g, max, dtype))
     return result if (min is not None or max is not None) else g.op("Identity", result)
+
+
+# -- more unary math -------------------------------------------------------------------
+
+
+for _target, _op_type in [
+    (aten.acos.default, "Acos"),
+    (aten.acosh.default, "Acosh"),
+    (aten.asin.default, "Asin"),
+    (aten.asinh.default, "Asinh"),
+    (aten.atan.default, "Atan"),
+    (aten.atanh.default, "Atanh"),
+    (aten.cosh.default, "Cosh"),
+    (aten.sinh.default, "Sinh"),
+    (aten.tan.default, "Tan"),
+    (aten.reciprocal.default, "Reciprocal"),
+]:
+    _unary(_target, _op_type)
+
+
+def _rounding(target, op_type):
+    @lower(target)
+    def fn(g, node, x):
+        if not is_float(x.dtype):
+            return g.op("Identity", x)  # aten rounds integers to themselves
+        return g.op(op_type, x)  # ONNX Round, like aten, rounds half to even
+
+    return fn
+
+
+_rounding(aten.ceil.default, "Ceil")
+_rounding(aten.floor.default, "Floor")
+_rounding(aten.round.default, "Round")
+
+
+@lower(aten.trunc.default)
+def trunc(g, node, x):
+    if not is_float(x.dtype):
+        return g.op("Identity", x)
+    return g.op("Where", g.op("Less", x, g.const(0, x.dtype)), g.op("Ceil", x), g.op("Floor", x))
+
+
+def _round_decimals_check(node):
+    return None if is_float(out_dtype(node)) else "round with decimals on integers"
+
+
+@lower(aten.round.decimals, check=_round_decimals_check)
+def round_decimals(g, node, x, *, decimals=0):
+    # aten: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for negative d
+    if decimals == 0:
+        return g.op("Round", x)
+    scale = g.const(10.0 ** abs(decimals), x.dtype)
+    if decimals > 0:
+        return g.op("Div", g.op("Round", g.op("Mul", x, scale)), scale)
+    return g.op("Mul", g.op("Round", g.op("Div", x, scale)), scale)
+
+
+@lower(aten.sign.default, aten.sgn.default)
+def sign(g, node, x):
+    if x.dtype == torch.bool:
+        return g.op("Identity", x)
+    result = g.op("Sign", x)
+    if is_float(x.dtype):  # ONNX Sign of NaN is NaN; aten's is 0
+        result = g.op("Where", g.op("IsNaN", x), g.const(0, x.dtype), result)
+    return result
+
+
+def _is_class(target, op_type):
+    @lower(target)
+    def fn(g, node, x):
+        if not is_float(x.dtype):
+            return _bool_fill(g, x.shape, False)
+        return g.op(op_type, x)
+
+    return fn
+
+
+def _bool_fill(g, shape, value):
+    scalar = g.const(value, torch.bool)
+    return g.op("Expand", scalar, g.ints(shape)) if shape else g.op("Identity", scalar)
+
+
+_is_class(aten.isnan.default, "IsNaN")
+_is_class(aten.isinf.default, "IsInf")
+
+
+@lower(aten.log2.default, aten.log10.default)
+def log_base(g, node, x):
+    dtype = out_dtype(node)
+    base = 2.0 if node.target is aten.log2.default else 10.0
+    return g.op("Div", g.op("Log", g.cast(x, dtype)), g.const(math.log(base), dtype))
+
+
+@lower(aten.exp2.default)
+def exp2(g, node, x):
+    dtype = out_dtype(node)
+    return g.op("Pow", g.const(2.0, dtype), g.cast(x, dtype))
+
+
+@lower(aten.expm1.default)
+def expm1(g, node, x):
+    # Kahan's expm1: exact to a few ulps where exp(x) - 1 loses every digit (|x| tiny)
+    dtype = out_dtype(node)
+    x = g.cast(x, dtype)
+    u = g.op("Exp", x)
+    um1 = g.op("Sub", u, g.const(1, dtype))
+    ratio = g.op("Div", g.op("Mul", um1, x), g.op("Log", u))
+    result = g.op("Where", g.op("Equal", u, g.const(1, dtype)), x, ratio)
+    result = g.op("Where", g.op("Equal", um1, g.const(-1, dtype)), g.const(-1, dtype), result)
+    return g.op("Where", g.op("IsInf", u, detect_negative=0), u, result)
+
+
+@lower(aten.log1p.default)
+def log1p(g, node, x):
+    # Kahan's log1p: log(u) * x / (u - 1) with u = 1 + x
+    dtype = out_dtype(node)
+    x = g.cast(x, dtype)
+    u = g.op("Add", x, g.const(1, dtype))
+    log_u = g.op("Log", u)
+    ratio = g.op("Div", g.op("Mul", log_u, x), g.op("Sub", u, g.const(1, dtype)))
+    result = g.op("Where", g.op("Equal", u, g.const(1, dtype)), x, ratio)
+    return g.op("Where", g.op("IsInf", u), log_u, result)
+
+
+@lower(aten.bitwise_not.default)
+def bitwise_not(g, node, x):
+    return g.op("Not" if x.dtype == torch.bool else "BitwiseNot", x)
+
+
+def _bitwise(targets, bool_op, int_op):
+    @lower(*targets)
+    def fn(g, node, a, b):
+        dtype = out_dtype(node)
+        return g.op(bool_op if dtype == torch.bool else int_op, as_value(g, a, dtype), as_value(g, b, dtype))
+
+    return fn
+
+
+_bitwise((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar), "And", "BitwiseAnd")
+_bitwise((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), "Or", "BitwiseOr")
+_bitwise((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), "Xor", "BitwiseXor")
+
+
+# -- binary math -----------------------------------------------------------------------
+
+
+@lower(aten.maximum.default, aten.minimum.default)
+def maximum(g, node, a, b):
+    dtype = out_dtype(node)
+    a, b = as_value(g, a, dtype), as_value(g, b, dtype)
+    if dtype == torch.bool:
+        return g.op("Or" if node.target is aten.maximum.default else "And", a, b)
+    return g.op("Max" if node.target is aten.maximum.default else "Min", a, b)
+
+
+@lower(aten.fmax.default, aten.fmin.default)
+def fmax(g, node, a, b):
+    dtype = out_dtype(node)
+    a, b = as_value(g, a, dtype), as_value(g, b, dtype)
+    if dtype == torch.bool:
+        return g.op("Or" if node.target is aten.fmax.default else "And", a, b)
+    result = g.op("Max" if node.target is aten.fmax.default else "Min", a, b)
+    if is_float(dtype):  # NaN only where both are NaN
+        result = g.op("Where", g.op("IsNaN", a), b, g.op("Where", g.op("IsNaN", b), a, result))
+    return result
+
+
+def _int_divisor_check(node):
+    """Integer Mod by zero kills the process in ONNX Runtime where aten raises: only a
+    nonzero constant integer divisor is safe."""
+    if is_float(out_dtype(node)):
+        return None
+    divisor = node.args[1]
+    if isinstance(divisor, torch.fx.Node) or isinstance(divisor, bool) or not isinstance(divisor, int) or divisor == 0:
+        return "integer remainder by a tensor (or by zero)"
+    return None
+
+
+@lower(aten.fmod.Tensor, aten.fmod.Scalar, check=_int_divisor_check)
+def fmod(g, node, a, b):
+    dtype = _compute_dtype(node, a, b)
+    return _finish(g, node, g.op("Mod", as_value(g, a, dtype), as_value(g, b, dtype), fmod=1), dtype)
+
+
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, check=_int_divisor_check)
+def remainder(g, node, a, b):
+    dtype = _compute_dtype(node, a, b)
+    a, b = as_value(g, a, dtype), as_value(g, b, dtype)
+    if not is_float(dtype):
+        return _finish(g, node, g.op("Mod", a, b, fmod=0), dtype)  # the divisor's sign, as Python's %
+    # aten's kernel: m = fmod(a, b); m + b where m != 0 and its sign differs from b's
+    zero = g.const(0, dtype)
+    mod = g.op("Mod", a, b, fmod=1)
+    adjust = g.op("And", g.op("Not", g.op("Equal", mod, zero)), g.op("Xor", g.op("Less", b, zero), g.op("Less", mod, zero)))
+    return _finish(g, node, g.op("Where", adjust, g.op("Add", mod, b), mod), dtype)
+
+
+# -- activations -----------------------------------------------------------------------
+
+
+@lower(aten.elu.default, check=_float_only)
+def elu(g, node, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    dtype = x.dtype
+    if scale == 1 and input_scale == 1:
+        return g.op("Elu", x, alpha=float(alpha))
+    negative = g.op("Mul", g.const(float(alpha) * float(scale), dtype), expm1(g, node, Value(g.op("Mul", x, g.const(input_scale, dtype)), dtype, x.shape)))
+    return g.op("Where", g.op("Greater", x, g.const(0, dtype)), g.op("Mul", x, g.const(scale, dtype)), negative)
+
+
+@lower(aten.leaky_relu.default, check=_float_only)
+def leaky_relu(g, node, x, negative_slope=0.01):
+    return g.op("LeakyRelu", x, alpha=float(negative_slope))
+
+
+@lower(aten.hardtanh.default, check=_float_only)
+def hardtanh(g, node, x, min_val=-1, max_val=1):
+    # Max/Min propagate NaN as aten does
+    return g.op("Min", g.op("Max", x, g.const(min_val, x.dtype)), g.const(max_val, x.dtype))
+
+
+def _signbit(g, x: str, dtype) -> str:
+    """x < 0, and true for -0.0 (1 / -0.0 is -inf)."""
+    zero = g.const(0, dtype)
+    return g.op("Or", g.op("Less", x, zero), g.op("And", g.op("Equal", x, zero), g.op("Less", g.op("Reciprocal", x), zero)))
+
+
+@lower(aten.atan2.default)
+def atan2(g, node, y, x):
+    dtype = out_dtype(node)
+    y, x = as_value(g, y, dtype), as_value(g, x, dtype)
+    pi = g.op("Where", _signbit(g, y, dtype), g.const(-math.pi, dtype), g.const(math.pi, dtype))
+    x_negative = _signbit(g, x, dtype)
+    base = g.op("Atan", g.op("Div", y, x))
+    result = g.op("Where", x_negative, g.op("Add", base, pi), base)
+    # the quotient is 0/0 or inf/inf: IEEE atan2's values for signed zeros and infinities
+    zero = g.const(0, dtype)
+    both_zero = g.op("And", g.op("Equal", y, zero), g.op("Equal", x, zero))
+    result = g.op("Where", both_zero, g.op("Where", x_negative, pi, y), result)
+    both_inf = g.op("And", g.op("IsInf", y), g.op("IsInf", x))
+    quarter = g.op("Mul", pi, g.op("Where", x_negative, g.const(0.75, dtype), g.const(0.25, dtype)))
+    return g.op("Where", both_inf, quarter, result)

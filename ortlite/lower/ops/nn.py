@@ -2,34 +2,36 @@
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
 
-from ..builder import TORCH_TO_ONNX
+from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, is_float, norm_dim, out_dtype
+from .common import aten, arg_val, is_float, norm_dim, out_dtype
 
 
 def _float_check(node):
     return None if is_float(out_dtype(node)) else "non-float input"
 
 
-def _softmax_check(node):
-    x = node.args[0].meta["val"]
-    if x.dim() == 0:
-        return "0-d softmax"
-    return _float_check(node)
+def _softmax(g, node, op_type, x):
+    dim = node.args[1]
+    x = g.cast(x, out_dtype(node))
+    if x.rank == 0:  # one element: a softmax over [x]
+        return g.op("Squeeze", g.op(op_type, g.op("Unsqueeze", x, g.ints([0])), axis=0), g.ints([0]))
+    return g.op(op_type, x, axis=norm_dim(dim, x.rank))
 
 
-@lower(aten._softmax.default, check=_softmax_check, symbolic=True)
+@lower(aten._softmax.default, check=_float_check, symbolic=True)
 def softmax(g, node, x, dim, half_to_float):
-    return g.op("Softmax", g.cast(x, out_dtype(node)), axis=norm_dim(dim, x.rank))
+    return _softmax(g, node, "Softmax", x)
 
 
-@lower(aten._log_softmax.default, check=_softmax_check, symbolic=True)
+@lower(aten._log_softmax.default, check=_float_check, symbolic=True)
 def log_softmax(g, node, x, dim, half_to_float):
-    return g.op("LogSoftmax", g.cast(x, out_dtype(node)), axis=norm_dim(dim, x.rank))
+    return _softmax(g, node, "LogSoftmax", x)
 
 
 def _layer_norm_check(node):
@@ -77,9 +79,6 @@ def batch_norm_inference(g, node, x, weight, bias, running_mean, running_var, mo
 
 def _conv_check(node):
     x = node.args[0].meta["val"]
-    transposed = node.args[6]
-    if transposed:
-        return "transposed convolution"
     if x.dim() not in (3, 4, 5):
         return "unbatched convolution input"
     return _float_check(node)
@@ -90,7 +89,7 @@ def convolution(g, node, x, weight, bias, stride, padding, dilation, transposed,
     spatial = x.rank - 2
     expand = lambda v: list(v) * spatial if len(v) == 1 else list(v)  # noqa: E731
     return g.op(
-        "Conv",
+        "ConvTranspose" if transposed else "Conv",
         x,
         weight,
         bias,
@@ -98,32 +97,181 @@ def convolution(g, node, x, weight, bias, stride, padding, dilation, transposed,
         pads=expand(padding) * 2,
         dilations=expand(dilation),
         group=int(groups),
+        output_padding=expand(output_padding) if transposed and any(output_padding) else None,
     )
-
-
-def _max_pool_check(node):
-    x = node.args[0].meta["val"]
-    if x.dim() != 4:
-        return "unbatched max_pool2d input"
-    ceil_mode = node.args[5] if len(node.args) > 5 else node.kwargs.get("ceil_mode", False)
-    if ceil_mode:
-        return "ceil_mode"
-    if any(user.target is not operator.getitem or user.args[1] != 0 for user in node.users):
-        return "max_pool2d indices are used (ONNX numbers them differently)"
-    return _float_check(node)
-
-
-@lower(aten.max_pool2d_with_indices.default, check=_max_pool_check, symbolic=True)
-def max_pool2d_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    pair = lambda v: [v, v] if isinstance(v, int) else (list(v) * 2 if len(v) == 1 else list(v))  # noqa: E731
-    kernel = pair(kernel_size)
-    strides = pair(stride) if stride else kernel
-    pads = pair(padding)
-    values = g.op("MaxPool", x, kernel_shape=kernel, strides=strides, pads=pads * 2, dilations=pair(dilation))
-    return values, None
 
 
 @lower(aten.embedding.default, symbolic=True)
 def embedding(g, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return g.op("Gather", weight, indices, axis=0)
 
+
+
+# -- attention -------------------------------------------------------------------------
+
+
+def _sdpa_check(node):
+    q, k = arg_val(node, 0), arg_val(node, 1)
+    dropout_p = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+    if dropout_p:
+        return "dropout in attention (random)"
+    if q.dim() != 4 or k.dim() != 4 or q.shape[1] % k.shape[1]:
+        return "attention input ranks or head counts"
+    return _float_check(node)
+
+
+def _repeat_heads(g, x, heads: int):
+    """Grouped-query attention: kv head j serves query heads j*r .. j*r + r - 1."""
+    b, h, s, e = x.shape
+    if h == heads:
+        return x
+    grown = g.op("Expand", g.op("Unsqueeze", x, g.ints([2])), g.ints([b, h, heads // h, s, e]))
+    return g.op("Reshape", grown, g.ints([b, heads, s, e]))
+
+
+@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_sdpa_check)
+def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    b, heads, length, dim = q.shape
+    source = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    k, v = _repeat_heads(g, k, heads), _repeat_heads(g, v, heads)
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])), g.const(scale, q.dtype))
+    minus_inf = g.const(float("-inf"), q.dtype)
+    if is_causal:  # top-left aligned: query i sees keys 0..i
+        allowed = torch.ones(length, source, dtype=torch.bool).tril()
+        scores = g.op("Where", g.const(allowed), scores, minus_inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = g.op("Where", attn_mask, scores, minus_inf)
+        else:
+            scores = g.op("Add", scores, g.cast(attn_mask, q.dtype))
+    # a row with every key masked gives zeros (and logsumexp 0), not NaN
+    row_max = g.op("ReduceMax", scores, g.ints([-1]), keepdims=1)
+    masked_row = g.op("Equal", row_max, minus_inf)
+    probs = g.op("Where", masked_row, g.const(0.0, q.dtype), g.op("Softmax", scores, axis=-1))
+    out = g.op("MatMul", probs, v)
+    if not any(user.args[1] == 1 for user in node.users if user.target is operator.getitem):
+        return out, None
+    lse = g.op("ReduceLogSumExp", scores, g.ints([-1]), keepdims=1)
+    lse = g.op("Where", masked_row, g.const(0.0, q.dtype), lse)
+    lse = g.op("Squeeze", lse, g.ints([-1]))
+    lse_dtype = node.meta["val"][1].dtype
+    return out, g.op("Cast", lse, to=TORCH_TO_ONNX[lse_dtype])
+
+
+# -- convolution -----------------------------------------------------------------------
+
+
+def _spatial_list(v, spatial: int) -> list[int]:
+    return list(v) * spatial if len(v) == 1 else list(v)
+
+
+def _conv_backward_check(node):
+    if node.args[7]:
+        return "transposed convolution backward"
+    x = arg_val(node, 1)
+    if x.dim() not in (3, 4, 5) or x.numel() == 0 or arg_val(node, 0).numel() == 0:
+        return "input rank or empty input"
+    return None if is_float(x.dtype) else "non-float input"
+
+
+@lower(aten.convolution_backward.default, check=_conv_backward_check)
+def convolution_backward(g, node, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask):
+    spatial = x.rank - 2
+    stride, padding, dilation = (_spatial_list(v, spatial) for v in (stride, padding, dilation))
+    kernel = list(weight.shape[2:])
+    out_sp, in_sp = list(grad.shape[2:]), list(x.shape[2:])
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        extra = [in_sp[i] - ((out_sp[i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel[i] - 1) + 1) for i in range(spatial)]
+        grad_input = g.op(
+            "ConvTranspose", grad, weight, strides=stride, pads=padding * 2, dilations=dilation,
+            group=int(groups), output_padding=extra,
+        )  # fmt: skip
+    if output_mask[1]:
+        # dW[o, i, k] = sum over n, p of grad[n, o, p] * x_padded[n, i, p * stride + k * dilation]:
+        # a convolution of x (channels as batch) with grad (batch as channels) as the kernel
+        n, c_in = x.shape[:2]
+        c_out = grad.shape[1]
+        cig, cog = c_in // groups, c_out // groups
+        xs = g.op("Reshape", x, g.ints([n, groups, cig] + in_sp))
+        xs = g.op("Reshape", g.op("Transpose", xs, perm=[2, 1, 0] + list(range(3, 3 + spatial))), g.ints([cig, groups * n] + in_sp))
+        gs = g.op("Reshape", grad, g.ints([n, groups, cog] + out_sp))
+        gs = g.op("Reshape", g.op("Transpose", gs, perm=[1, 2, 0] + list(range(3, 3 + spatial))), g.ints([groups * cog, n] + out_sp))
+        full = g.op("Conv", xs, gs, strides=dilation, dilations=stride, pads=padding * 2, group=int(groups))
+        cropped = g.op("Slice", full, g.ints([0] * spatial), g.ints(kernel), g.ints(range(2, 2 + spatial)))
+        grad_weight = g.op("Transpose", cropped, perm=[1, 0] + list(range(2, 2 + spatial)))
+    if output_mask[2]:
+        grad_bias = g.op("ReduceSum", grad, g.ints([0] + list(range(2, 2 + spatial))), keepdims=0)
+    return grad_input, grad_weight, grad_bias
+
+
+# -- batch and group norm --------------------------------------------------------------
+
+
+def _bn_training_check(node):
+    x = arg_val(node, 0)
+    if x.dim() < 2 or x.numel() == 0:
+        return "input rank or empty input"
+    return _float_check(node)
+
+
+def _batch_stats(g, x, eps):
+    axes = g.ints([0] + list(range(2, x.rank)))
+    mean = g.op("ReduceMean", x, axes, keepdims=1)
+    centered = g.op("Sub", x, mean)
+    var = g.op("ReduceMean", g.op("Mul", centered, centered), axes, keepdims=1)
+    rstd = g.op("Reciprocal", g.op("Sqrt", g.op("Add", var, g.const(eps, x.dtype))))
+    return mean, var, centered, rstd
+
+
+def _affine(g, x, y, weight, bias):
+    shape = [x.shape[1]] + [1] * (x.rank - 2)
+    if weight is not None:
+        y = g.op("Mul", y, g.op("Reshape", weight, g.ints(shape)))
+    if bias is not None:
+        y = g.op("Add", y, g.op("Reshape", bias, g.ints(shape)))
+    return y
+
+
+@lower(aten._native_batch_norm_legit_functional.default, check=_bn_training_check)
+def batch_norm_training_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        raise NotImplementedError("eval-mode functional batch norm")
+    mean, var, centered, rstd = _batch_stats(g, x, float(eps))
+    y = _affine(g, x, g.op("Mul", centered, rstd), weight, bias)
+    flat = g.ints([-1])
+    mean_c, var_c, rstd_c = g.op("Reshape", mean, flat), g.op("Reshape", var, flat), g.op("Reshape", rstd, flat)
+    n = x.shape[0] * math.prod(x.shape[2:])
+    m = g.const(float(momentum), running_mean.dtype)
+    keep = g.const(1.0 - float(momentum), running_mean.dtype)
+    new_mean = g.op("Add", g.op("Mul", keep, running_mean), g.op("Mul", m, g.cast(Value(mean_c, x.dtype, ()), running_mean.dtype)))
+    unbiased = g.op("Mul", var_c, g.const(n / max(n - 1, 1) if n > 1 else float("inf"), x.dtype))
+    new_var = g.op("Add", g.op("Mul", keep, running_var), g.op("Mul", m, g.cast(Value(unbiased, x.dtype, ()), running_var.dtype)))
+    return y, mean_c, rstd_c, new_mean, new_var
+
+
+@lower(aten._native_batch_norm_legit.no_stats, check=_bn_training_check)
+def batch_norm_no_stats(g, node, x, weight, bias, training, momentum, eps):
+    mean, var, centered, rstd = _batch_stats(g, x, float(eps))
+    y = _affine(g, x, g.op("Mul", centered, rstd), weight, bias)
+    return y, g.op("Reshape", mean, g.ints([-1])), g.op("Reshape", rstd, g.ints([-1]))
+
+
+def _group_norm_check(node):
+    x = arg_val(node, 0)
+    if x.numel() == 0 or x.dim() < 2:
+        return "empty input"
+    return _float_check(node)
+
+
+@lower(aten.native_group_norm.default, check=_group_norm_check)
+def native_group_norm(g, node, x, weight, bias, n, c, hxw, group, eps):
+    grouped = g.op("Reshape", x, g.ints([n, group, -1]))
+    mean = g.op("ReduceMean", grouped, g.ints([2]), keepdims=1)
+    centered = g.op("Sub", grouped, mean)
+    var = g.op("ReduceMean", g.op("Mul", centered, centered), g.ints([2]), keepdims=1)
+    rstd = g.op("Reciprocal", g.op("Sqrt", g.op("Add", var, g.const(float(eps), x.dtype))))
+    y = g.op("Reshape", g.op("Mul", centered, rstd), g.ints(x.shape))
+    y = _affine(g, x, y, weight, bias)
+    return y, g.op("Reshape", mean, g.ints([n, group])), g.op("Reshape", rstd, g.ints([n, group]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..builder import TORCH_TO_ONNX, Value
@@ -56,3 +58,182 @@ def _propagate_nan(g, node, x, dim, keepdim, reduced):
         return reduced
     any_nan = _reduce(g, node, "ReduceMax", Value(g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[x.dtype]), x.dtype, x.shape), dim, keepdim)
     return g.op("Where", g.op("Cast", any_nan, to=TORCH_TO_ONNX[torch.bool]), g.const(float("nan"), x.dtype), reduced)
+
+
+def _reduced_count_of(x, dims) -> int:
+    if x.dim() == 0:
+        return 1
+    axes = norm_dims(dims, x.dim()) if dims else range(x.dim())
+    return math.prod(x.shape[a] for a in axes)
+
+
+@lower(aten.prod.dim_int, aten.prod.default)
+def prod(g, node, x, dim=None, keepdim=False, *, dtype=None):
+    if node.target is aten.prod.default:
+        dim = None
+    elif isinstance(dim, int):
+        dim = [dim]
+    return _reduce(g, node, "ReduceProd", x, dim, keepdim)
+
+
+@lower(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(g, node, x, dim=None, keepdim=False):
+    if isinstance(dim, int):
+        dim = [dim]
+    # any(x) == sum(x != 0) > 0, which is also right for an empty reduction
+    nonzero = Value(g.op("Cast", g.cast(x, torch.bool), to=TORCH_TO_ONNX[torch.int64]), torch.int64, x.shape)
+    if x.rank == 0:
+        count = g.op("Identity", nonzero)
+    else:
+        axes = norm_dims(dim, x.rank) if dim else []
+        count = g.op("ReduceSum", nonzero, *([g.ints(axes)] if axes else []), keepdims=int(keepdim))
+    result = g.op("Greater", count, g.const(0, torch.int64))
+    return g.cast(Value(result, torch.bool, ()), out_dtype(node))
+
+
+def _arg_check(node):
+    x = node.args[0].meta["val"]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dim is None or x.dim() == 0:
+        empty = x.numel() == 0
+    else:
+        empty = x.shape[norm_dims(dim, x.dim())[0]] == 0
+    if empty:
+        return "arg reduction over an empty dim (aten raises)"
+    return None
+
+
+def _arg_reduce(g, x: Value, axis: int, keepdim: bool, largest: bool) -> str:
+    """ArgMax/ArgMin along axis; aten takes the first NaN (NaN wins) and the first of ties."""
+    op_type = "ArgMax" if largest else "ArgMin"
+    if x.dtype == torch.bool:
+        x = g.cast(x, torch.uint8)
+    result = g.op(op_type, x, axis=axis, keepdims=int(keepdim), select_last_index=0)
+    if is_float(x.dtype):
+        nan = g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[torch.uint8])
+        first_nan = g.op("ArgMax", nan, axis=axis, keepdims=int(keepdim), select_last_index=0)
+        any_nan = g.op("Cast", g.op("ReduceMax", nan, g.ints([axis]), keepdims=int(keepdim)), to=TORCH_TO_ONNX[torch.bool])
+        result = g.op("Where", any_nan, first_nan, result)
+    return result
+
+
+def _argmax_argmin(g, node, x, dim, keepdim, largest):
+    if x.rank == 0:
+        return g.op("Identity", g.const(0, torch.int64))
+    if dim is None:
+        flat = Value(g.op("Reshape", x, g.ints([-1])), x.dtype, (math.prod(x.shape),))
+        result = _arg_reduce(g, flat, 0, False, largest)
+        return g.op("Reshape", result, g.ints(out_val_shape(node))) if keepdim else result
+    return _arg_reduce(g, x, norm_dims(dim, x.rank)[0], keepdim, largest)
+
+
+def out_val_shape(node):
+    return tuple(node.meta["val"].shape)
+
+
+@lower(aten.argmax.default, check=_arg_check)
+def argmax(g, node, x, dim=None, keepdim=False):
+    return _argmax_argmin(g, node, x, dim, keepdim, True)
+
+
+@lower(aten.argmin.default, check=_arg_check)
+def argmin(g, node, x, dim=None, keepdim=False):
+    return _argmax_argmin(g, node, x, dim, keepdim, False)
+
+
+@lower(aten.max.dim, aten.min.dim, check=_arg_check)
+def max_dim(g, node, x, dim, keepdim=False):
+    largest = node.target is aten.max.dim
+    if x.rank == 0:
+        return g.op("Identity", x), g.op("Identity", g.const(0, torch.int64))
+    values = _propagate_nan(g, node, x, [dim], keepdim, _reduce(g, node, "ReduceMax" if largest else "ReduceMin", x, [dim], keepdim))
+    return values, _arg_reduce(g, x, norm_dims(dim, x.rank)[0], keepdim, largest)
+
+
+@lower(aten.max.default, aten.min.default, check=_arg_check)
+def max_all(g, node, x):
+    op_type = "ReduceMax" if node.target is aten.max.default else "ReduceMin"
+    return _propagate_nan(g, node, x, None, False, _reduce(g, node, op_type, x, None, False))
+
+
+def _correction(node):
+    if node.target is aten.var.dim:
+        unbiased = node.args[2] if len(node.args) > 2 else node.kwargs.get("unbiased", True)
+        return 1 if unbiased else 0
+    correction = node.kwargs.get("correction")
+    return 1 if correction is None else correction
+
+
+def _var_check(node):
+    return None if is_float(out_dtype(node)) else "var of a non-float tensor"
+
+
+@lower(aten.var.correction, aten.var.dim, aten.var_mean.correction, check=_var_check)
+def var(g, node, x, dim=None, *args, correction=None, keepdim=False):
+    if node.target is aten.var.dim:
+        keepdim = args[1] if len(args) > 1 else keepdim
+    dims = [dim] if isinstance(dim, int) else dim
+    count = _reduced_count_of(node.args[0].meta["val"], dims)
+    if x.rank == 0:
+        mean = g.op("Identity", x)
+        squares = g.op("Mul", g.op("Sub", x, x), g.op("Sub", x, x))
+        total = squares
+    else:
+        axes = g.ints(norm_dims(dims, x.rank) if dims else range(x.rank))
+        # ReduceMean of nothing is 0 in ONNX Runtime; aten's mean of nothing is NaN
+        mean = g.op("ReduceMean", x, axes, keepdims=1) if count else g.op("Div", g.op("ReduceSum", x, axes, keepdims=1), g.const(0.0, x.dtype))
+        diff = g.op("Sub", x, mean)
+        total = g.op("ReduceSum", g.op("Mul", diff, diff), axes, keepdims=int(keepdim))
+        if not keepdim:
+            mean = g.op("Squeeze", mean, axes) if dims or x.rank else mean
+    # aten divides by max(0, N - correction): inf or NaN where that is 0
+    divisor = max(0, count - _correction(node))
+    result = g.op("Div", total, g.const(float(divisor), x.dtype))
+    if node.target is aten.var_mean.correction:
+        return result, mean
+    return result
+
+
+@lower(aten.cumsum.default)
+def cumsum(g, node, x, dim, *, dtype=None):
+    x = g.cast(x, out_dtype(node))
+    if x.rank == 0:
+        return g.op("Identity", x)
+    return g.op("CumSum", x, g.const(norm_dims(dim, x.rank)[0], torch.int64))
+
+
+def _norm_check(node):
+    ord_ = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+    x = node.args[0].meta["val"]
+    if not is_float(out_dtype(node)):
+        return "non-float norm"
+    if math.isinf(ord_) and _reduced_count_of(x, dim) == 0:
+        return "inf-norm over an empty dim"
+    return None
+
+
+@lower(aten.linalg_vector_norm.default, check=_norm_check)
+def linalg_vector_norm(g, node, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    x = g.cast(x, out_dtype(node))
+    dims = [dim] if isinstance(dim, int) else dim
+    if x.rank == 0:
+        x = Value(g.op("Reshape", x, g.ints([1])), x.dtype, (1,))
+        dims = None
+    absx = Value(g.op("Abs", x), x.dtype, x.shape)
+    if ord == 2:
+        result = _reduce(g, node, "ReduceL2", x, dims, keepdim)
+    elif ord == 1:
+        result = _reduce(g, node, "ReduceL1", x, dims, keepdim)
+    elif math.isinf(ord):
+        op_type = "ReduceMax" if ord > 0 else "ReduceMin"
+        result = _propagate_nan(g, node, x, dims, keepdim, _reduce(g, node, op_type, absx, dims, keepdim))
+    elif ord == 0:
+        nonzero = Value(g.op("Cast", g.op("Not", g.op("Equal", x, g.const(0, x.dtype))), to=TORCH_TO_ONNX[x.dtype]), x.dtype, x.shape)
+        result = _reduce(g, node, "ReduceSum", nonzero, dims, keepdim)
+    else:
+        powered = Value(g.op("Pow", absx, g.const(float(ord), x.dtype)), x.dtype, x.shape)
+        result = g.op("Pow", _reduce(g, node, "ReduceSum", powered, dims, keepdim), g.const(1.0 / ord, x.dtype))
+    if node.args[0].meta["val"].dim() == 0 and out_val_shape(node) == ():
+        result = g.op("Reshape", result, g.ints([]))
+    return result

@@ -117,3 +117,163 @@ def lift_fresh_copy(g, node, x):
 @lower(torch.ops.prims.convert_element_type.default, symbolic=True)
 def convert_element_type(g, node, x, dtype):
     return g.op("Identity", g.cast(x, out_dtype(node)))
+
+
+# The *_copy forms that functionalization and some decompositions produce.
+lower(aten.view_copy.default, aten.squeeze_copy.dims, aten.squeeze_copy.dim, aten.squeeze_copy.default)(view)
+lower(aten.unsqueeze_copy.default)(unsqueeze)
+lower(aten.permute_copy.default)(permute)
+lower(aten.t_copy.default)(t)
+lower(aten.expand_copy.default)(expand)
+lower(aten.slice_copy.Tensor)(slice_)
+lower(aten.select_copy.int)(select)
+lower(aten.alias_copy.default, aten.detach_copy.default)(clone)
+
+
+@lower(aten.transpose_copy.int)
+def transpose(g, node, x, dim0, dim1):
+    if x.rank < 2:
+        return g.op("Identity", x)
+    perm = list(range(x.rank))
+    a, b = norm_dim(dim0, x.rank), norm_dim(dim1, x.rank)
+    perm[a], perm[b] = perm[b], perm[a]
+    return g.op("Transpose", x, perm=perm)
+
+
+@lower(aten.narrow_copy.default)
+def narrow_copy(g, node, x, dim, start, length):
+    size = x.shape[norm_dim(dim, x.rank)]
+    start = start + size if start < 0 else start
+    return slice_(g, node, x, dim, start, start + length)
+
+
+@lower(aten.unbind_copy.int)
+def unbind(g, node, x, dim=0):
+    dim = norm_dim(dim, x.rank)
+    n = x.shape[dim]
+    if n == 0:
+        return ()
+    parts = (x,) if n == 1 else g.op("Split", x, g.ints([1] * n), axis=dim, outputs=n)
+    return tuple(g.op("Squeeze", p, g.ints([dim])) for p in parts)
+
+
+def _slice_bounds(size: int, start, end, step) -> range:
+    """The indices aten's slice(start, end, step) takes from a dim of `size`."""
+    return range(size)[slice(start, end, step)]
+
+
+@lower(aten.copy.default)
+def copy(g, node, x, src, non_blocking=False):
+    return g.op("Expand", g.cast(src, x.dtype), g.ints(x.shape))
+
+
+@lower(aten.fill.Scalar, aten.fill.Tensor)
+def fill(g, node, x, value):
+    value = g.op("Reshape", g.cast(value, x.dtype), g.ints([])) if hasattr(value, "dtype") else g.const(value, x.dtype)
+    return g.op("Expand", value, g.ints(x.shape)) if x.shape else g.op("Identity", value)
+
+
+@lower(aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default, aten.new_empty.default)
+def empty(g, node, *args, **kwargs):
+    # Any contents are right for an uninitialized tensor: zeros cost least.
+    scalar = g.const(0, out_dtype(node))
+    shape = out_shape(node)
+    return g.op("Expand", scalar, g.ints(shape)) if shape else g.op("Identity", scalar)
+
+
+@lower(aten.constant_pad_nd.default)
+def constant_pad_nd(g, node, x, pad, value=0):
+    rank = x.rank
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):  # pad lists (left, right) pairs from the last dim
+        begins[rank - 1 - i], ends[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    result = x
+    positive = [max(v, 0) for v in begins + ends]
+    if any(positive):
+        result = g.op("Pad", result, g.ints(positive), g.const(value, x.dtype), mode="constant")
+    # Negative pads crop, after padding (a side is either padded or cropped).
+    crops = [d for d in range(rank) if begins[d] < 0 or ends[d] < 0]
+    if crops:
+        starts = [max(-begins[d], 0) for d in crops]
+        stops = [ends[d] if ends[d] < 0 else INT64_MAX for d in crops]
+        result = g.op("Slice", result, g.ints(starts), g.ints(stops), g.ints(crops))
+    return result if result is not x else g.op("Identity", x)
+
+
+@lower(aten.flip.default)
+def flip(g, node, x, dims):
+    axes = sorted({norm_dim(d, x.rank) for d in dims}) if x.rank else []
+    if not axes:
+        return g.op("Identity", x)
+    n = len(axes)
+    return g.op("Slice", x, g.ints([-1] * n), g.ints([-INT64_MAX - 1] * n), g.ints(axes), g.ints([-1] * n))
+
+
+@lower(aten.repeat.default)
+def repeat(g, node, x, repeats):
+    lead = len(repeats) - x.rank
+    shape = [1] * lead + list(x.shape)
+    if lead:
+        x = reshape_to(g, x, shape)
+    return g.op("Tile", x, g.ints(repeats))
+
+
+@lower(aten.diagonal.default, aten.diagonal_copy.default)
+def diagonal(g, node, x, offset=0, dim1=0, dim2=1):
+    d1, d2 = norm_dim(dim1, x.rank), norm_dim(dim2, x.rank)
+    rest = [d for d in range(x.rank) if d not in (d1, d2)]
+    rows, cols = x.shape[d1], x.shape[d2]
+    moved = g.op("Transpose", x, perm=rest + [d1, d2])
+    flat = reshape_to(g, moved, [x.shape[d] for d in rest] + [rows * cols])
+    n = out_shape(node)[-1]
+    first_row, first_col = max(-offset, 0), max(offset, 0)
+    flat_index = [(first_row + i) * cols + first_col + i for i in range(n)]
+    return g.op("Gather", flat, g.ints(flat_index), axis=-1)
+
+
+def _scatter_along(g, x, src, dim, indices):
+    """x with src written at `indices` (a list) along dim; src holds len(indices) there."""
+    if not indices:
+        return g.op("Identity", x)
+    if indices == list(range(indices[0], indices[-1] + 1)):  # contiguous: a concat is cheapest
+        parts = []
+        if indices[0] > 0:
+            parts.append(g.op("Slice", x, g.ints([0]), g.ints([indices[0]]), g.ints([dim])))
+        parts.append(src)
+        if indices[-1] + 1 < x.shape[dim]:
+            parts.append(g.op("Slice", x, g.ints([indices[-1] + 1]), g.ints([INT64_MAX]), g.ints([dim])))
+        return g.op("Concat", *parts, axis=dim) if len(parts) > 1 else g.op("Identity", src)
+    index_shape = [1] * x.rank
+    index_shape[dim] = len(indices)
+    index = g.const(torch.tensor(indices, dtype=torch.int64).view(index_shape))
+    src_shape = list(x.shape)
+    src_shape[dim] = len(indices)
+    return g.op("ScatterElements", x, g.op("Expand", index, g.ints(src_shape)), src, axis=dim)
+
+
+@lower(aten.slice_scatter.default)
+def slice_scatter(g, node, x, src, dim=0, start=None, end=None, step=1):
+    dim = norm_dim(dim, x.rank)
+    indices = list(_slice_bounds(x.shape[dim], start, end, step))
+    return _scatter_along(g, x, g.cast(src, x.dtype), dim, indices)
+
+
+@lower(aten.select_scatter.default)
+def select_scatter(g, node, x, src, dim, index):
+    dim = norm_dim(dim, x.rank)
+    index = index + x.shape[dim] if index < 0 else index
+    src = g.op("Unsqueeze", g.cast(src, x.dtype), g.ints([dim]))
+    return _scatter_along(g, x, src, dim, [index])
+
+
+@lower(aten.unfold.default)
+def unfold(g, node, x, dimension, size, step):
+    if x.rank == 0:
+        return g.op("Reshape", x, g.ints([1]))
+    dim = norm_dim(dimension, x.rank)
+    windows = out_shape(node)[dim]
+    index = [[w * step + i for i in range(size)] for w in range(windows)]
+    gathered = g.op("Gather", x, g.const(torch.tensor(index, dtype=torch.int64).view(windows, size)), axis=dim)
+    # Gather puts (windows, size) at dim; aten puts the window elements last
+    perm = list(range(dim + 1)) + list(range(dim + 2, x.rank + 1)) + [dim + 1]
+    return g.op("Transpose", gathered, perm=perm)

@@ -1,0 +1,338 @@
+"""Pooling (max with indices, average, adaptive average, their backward forms), upsampling
+and the padding modes. Where ONNX's conventions differ from aten's (ceil_mode windows,
+average divisors, index numbering, NaN), the lowering spells aten's out."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from ..builder import TORCH_TO_ONNX, Value
+from ..registry import lower
+from .common import aten, arg_val, is_float, out_dtype, out_shape
+
+
+def _tuple(v, n: int) -> list[int]:
+    if isinstance(v, int):
+        return [v] * n
+    v = list(v)
+    return v * n if len(v) == 1 else v
+
+
+def _pool_args(x_shape, spatial: int, out_spatial, kernel_size, stride, padding, dilation=1):
+    """Kernel, strides, dilations, and ONNX begin/end pads giving aten's output size with
+    ONNX's floor rule (ceil_mode windows become extra end padding)."""
+    kernel = _tuple(kernel_size, spatial)
+    strides = _tuple(stride, spatial) if stride else kernel
+    pads = _tuple(padding, spatial)
+    dilations = _tuple(dilation, spatial)
+    ends = []
+    for i in range(spatial):
+        size = x_shape[-spatial + i]
+        needed = (out_spatial[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1
+        ends.append(max(pads[i], needed - size - pads[i]))
+    return kernel, strides, dilations, pads, ends
+
+
+def _batched(g, x: Value, spatial: int):
+    """aten pools take unbatched (C, *spatial) inputs too; ONNX needs (N, C, *spatial)."""
+    if x.rank == spatial + 2:
+        return x, False
+    return Value(g.op("Unsqueeze", x, g.ints([0])), x.dtype, (1, *x.shape)), True
+
+
+def _unbatch(g, y, unbatched: bool):
+    return g.op("Squeeze", y, g.ints([0])) if unbatched else y
+
+
+# -- max pooling -----------------------------------------------------------------------
+
+
+def _max_pool_check(node):
+    spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
+    x = arg_val(node, 0)
+    if x.dim() not in (spatial + 1, spatial + 2):
+        return "input rank"
+    if x.numel() == 0:
+        return "empty input"
+    if not is_float(x.dtype):
+        return "non-float input"
+    if any(user.target is not operator.getitem for user in node.users):
+        return "output used whole"
+    if math.prod(x.shape[-spatial:]) > 2**24:
+        return "planes too large for exact float indices"
+    return None
+
+
+@lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check)
+def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
+    x, unbatched = _batched(g, x, spatial)
+    kernel, strides, dilations, begins, ends = _pool_args(x.shape, spatial, out_shape(node)[-spatial:], kernel_size, stride, padding, dilation)
+    attrs = dict(kernel_shape=kernel, strides=strides, dilations=dilations, pads=begins + ends)
+    values = g.op("MaxPool", x, **attrs)
+    # ONNX Runtime's MaxPool keeps NaN only when a window starts with it; aten's window
+    # max is NaN when any element is, and its index is the window's last NaN. A max-pool
+    # of (position + 1) where x is NaN finds both.
+    plane = math.prod(x.shape[-spatial:])
+    positions = torch.arange(1, plane + 1, dtype=torch.float32).view(x.shape[-spatial:])
+    last_nan = g.op("MaxPool", g.op("Where", g.op("IsNaN", x), g.const(positions), g.const(0.0, torch.float32)), **attrs)
+    has_nan = g.op("Greater", last_nan, g.const(0.0, torch.float32))
+    values = g.op("Where", has_nan, g.const(float("nan"), x.dtype), values)
+    if not any(user.args[1] == 1 for user in node.users):
+        return _unbatch(g, values, unbatched), None
+    # ONNX numbers indices over the whole tensor, aten within each plane
+    _, onnx_indices = g.op("MaxPool", x, outputs=2, **attrs)
+    indices = g.op("Mod", onnx_indices, g.const(plane, torch.int64))
+    nan_index = g.op("Sub", g.op("Cast", last_nan, to=TORCH_TO_ONNX[torch.int64]), g.const(1, torch.int64))
+    indices = g.op("Where", has_nan, nan_index, indices)
+    return _unbatch(g, values, unbatched), _unbatch(g, indices, unbatched)
+
+
+def _max_pool_backward_check(node):
+    x = arg_val(node, 1)
+    return None if is_float(x.dtype) else "non-float input"
+
+
+@lower(aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default, check=_max_pool_backward_check)
+def max_pool_backward(g, node, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    # each output's gradient goes to the input element its index names, summed
+    spatial = 2 if node.target is aten.max_pool2d_with_indices_backward.default else 3
+    lead = list(x.shape[: x.rank - spatial])
+    plane = math.prod(x.shape[-spatial:])
+    zeros = g.op("Expand", g.const(0, x.dtype), g.ints(lead + [plane]))
+    flat_grad = g.op("Reshape", g.cast(grad, x.dtype), g.ints(lead + [-1]))
+    flat_indices = g.op("Reshape", indices, g.ints(lead + [-1]))
+    summed = g.op("ScatterElements", zeros, flat_indices, flat_grad, axis=len(lead), reduction="add")
+    return g.op("Reshape", summed, g.ints(x.shape))
+
+
+# -- average pooling -------------------------------------------------------------------
+
+
+def _avg_spatial(node) -> int:
+    return {aten.avg_pool1d.default: 1, aten.avg_pool2d.default: 2, aten.avg_pool3d.default: 3,
+            aten.avg_pool2d_backward.default: 2, aten.avg_pool3d_backward.default: 3}[node.target]  # fmt: skip
+
+
+def _avg_divisors(in_spatial, out_spatial, kernel, strides, pads, count_include_pad, divisor_override):
+    """aten's divisor for each output of an average pool (AvgPoolKernel.cpp), and whether
+    its window has any input element (outputs of empty windows are 0)."""
+    axes = []
+    for size, out, k, s, p in zip(in_spatial, out_spatial, kernel, strides, pads):
+        full, valid = [], []
+        for o in range(out):
+            start = o * s - p
+            end = min(start + k, size + p)
+            full.append(end - start)
+            valid.append(min(end, size) - max(start, 0))
+        axes.append((torch.tensor(full, dtype=torch.float64), torch.tensor(valid, dtype=torch.float64)))
+    full = torch.ones(())
+    valid = torch.ones(())
+    for i, (f, v) in enumerate(axes):
+        shape = [1] * len(axes)
+        shape[i] = -1
+        full = full * f.view(shape)
+        valid = valid * v.clamp(min=0).view(shape)
+    if divisor_override:
+        divisor = torch.full_like(valid, float(divisor_override))
+    else:
+        divisor = full if count_include_pad else valid
+    return divisor, valid > 0
+
+
+def _avg_pool_check(node):
+    spatial = _avg_spatial(node)
+    x = arg_val(node, 0)
+    if x.dim() not in (spatial + 1, spatial + 2):
+        return "input rank"
+    if not is_float(x.dtype):
+        return "non-float input"
+    return None
+
+
+def _avg_args(node, x_shape, spatial, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    out_spatial = out_shape(node)[-spatial:] if node.target not in (aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default) else arg_val(node, 0).shape[-spatial:]
+    kernel, strides, _, begins, ends = _pool_args(x_shape, spatial, out_spatial, kernel_size, stride, padding)
+    divisor, nonempty = _avg_divisors(x_shape[-spatial:], out_spatial, kernel, strides, begins, count_include_pad, divisor_override)
+    # scale: turns a mean over the kernel's full window (zeros padded) into aten's value
+    scale = torch.where(nonempty, math.prod(kernel) / divisor, torch.zeros(()))
+    return kernel, strides, begins, ends, scale
+
+
+@lower(aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default, check=_avg_pool_check)
+def avg_pool(g, node, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    spatial = _avg_spatial(node)
+    x, unbatched = _batched(g, x, spatial)
+    kernel, strides, begins, ends, scale = _avg_args(node, x.shape, spatial, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    if bool((scale == 1).all()) and not any(begins + ends):
+        return _unbatch(g, g.op("AveragePool", x, kernel_shape=kernel, strides=strides), unbatched)
+    padded = g.op("Pad", x, g.ints([0, 0] + begins + [0, 0] + ends), g.const(0, x.dtype), mode="constant")
+    mean = g.op("AveragePool", padded, kernel_shape=kernel, strides=strides)
+    return _unbatch(g, g.op("Mul", mean, g.const(scale, x.dtype)), unbatched)
+
+
+def _avg_pool_backward_check(node):
+    x = arg_val(node, 1)
+    spatial = _avg_spatial(node)
+    if x.dim() != spatial + 2:
+        return "unbatched input"
+    return None if is_float(x.dtype) else "non-float input"
+
+
+@lower(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default, check=_avg_pool_backward_check)
+def avg_pool_backward(g, node, grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    # each output's gradient / its divisor spreads over its window: a transposed
+    # convolution with a kernel of ones per channel, cropped to the input
+    spatial = _avg_spatial(node)
+    kernel, strides, begins, ends, scale = _avg_args(node, x.shape, spatial, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    weighted = g.op("Mul", grad, g.const(scale / math.prod(kernel), x.dtype))
+    channels = x.shape[1]
+    ones = g.const(torch.ones([channels, 1] + kernel, dtype=x.dtype))
+    spread = g.op("ConvTranspose", weighted, ones, kernel_shape=kernel, strides=strides, group=channels)
+    full = [(grad.shape[2 + i] - 1) * strides[i] + kernel[i] for i in range(spatial)]
+    axes = list(range(2, 2 + spatial))
+    stops = [begins[i] + x.shape[2 + i] for i in range(spatial)]
+    short = [max(0, stops[i] - full[i]) for i in range(spatial)]
+    if any(short):  # trailing inputs that no window reads get no gradient
+        spread = g.op("Pad", spread, g.ints([0] * (2 + spatial) + [0, 0] + short), mode="constant")
+    if begins == [0] * spatial and stops == [f + s for f, s in zip(full, short)]:
+        return spread
+    return g.op("Slice", spread, g.ints(begins), g.ints(stops), g.ints(axes))
+
+
+# -- adaptive average pooling ----------------------------------------------------------
+
+
+def _adaptive_matrix(size: int, out: int) -> torch.Tensor:
+    """(out, size): row i averages aten's adaptive window i."""
+    m = torch.zeros(out, size, dtype=torch.float64)
+    for i in range(out):
+        start, end = (i * size) // out, -((-(i + 1) * size) // out)
+        m[i, start:end] = 1.0 / (end - start)
+    return m
+
+
+def _adaptive_check(node):
+    x = arg_val(node, 0)
+    spatial = 2 if node.target in (aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d_backward.default) else 3
+    if node.target is aten._adaptive_avg_pool2d_backward.default:
+        x = arg_val(node, 1)
+    if x.dim() not in (spatial + 1, spatial + 2) or x.numel() == 0:
+        return "input rank or empty input"
+    return None if is_float(x.dtype) else "non-float input"
+
+
+def _along_axes(g, x: Value, matrices: list[torch.Tensor]) -> str:
+    """x with its last len(matrices) axes each multiplied by a matrix (out_i, in_i)."""
+    result, rank = x, x.rank
+    spatial = len(matrices)
+    for i, m in enumerate(matrices):
+        axis = rank - spatial + i
+        perm = [d for d in range(rank) if d != axis] + [axis]
+        moved = g.op("Transpose", result, perm=perm) if axis != rank - 1 else result
+        multiplied = g.op("MatMul", moved, g.const(m.t().contiguous(), x.dtype))
+        result = g.op("Transpose", multiplied, perm=[perm.index(d) for d in range(rank)]) if axis != rank - 1 else multiplied
+    return result
+
+
+@lower(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default, check=_adaptive_check)
+def adaptive_avg_pool(g, node, x, output_size):
+    spatial = len(output_size)
+    sizes = x.shape[-spatial:]
+    if all(s % o == 0 for s, o in zip(sizes, output_size)):
+        x4, unbatched = _batched(g, x, spatial)
+        kernel = [s // o for s, o in zip(sizes, output_size)]
+        return _unbatch(g, g.op("AveragePool", x4, kernel_shape=kernel, strides=kernel), unbatched)
+    return _along_axes(g, x, [_adaptive_matrix(s, o) for s, o in zip(sizes, output_size)])
+
+
+@lower(aten._adaptive_avg_pool2d_backward.default, check=_adaptive_check)
+def adaptive_avg_pool2d_backward(g, node, grad, x):
+    sizes = x.shape[-2:]
+    return _along_axes(g, grad, [_adaptive_matrix(s, o).t() for s, o in zip(sizes, grad.shape[-2:])])
+
+
+# -- upsampling ------------------------------------------------------------------------
+
+
+def _upsample_check(node):
+    x = arg_val(node, 0)
+    if x.numel() == 0 or math.prod(x.shape[2:]) > 2**24:
+        return "empty or very large input"
+    return None if is_float(x.dtype) or node.target is aten.upsample_nearest2d.vec else "non-float input"
+
+
+@lower(aten.upsample_nearest2d.vec, check=_upsample_check)
+def upsample_nearest2d(g, node, x, output_size, scale_factors):
+    # aten's own kernel on the flat positions gives the exact source of every output
+    h, w = x.shape[-2:]
+    positions = torch.arange(h * w, dtype=torch.float64).view(1, 1, h, w)
+    source = aten.upsample_nearest2d.vec(positions, output_size, scale_factors).view(out_shape(node)[-2:]).long()
+    flat = g.op("Reshape", x, g.ints(list(x.shape[:-2]) + [h * w]))
+    return g.op("Gather", flat, g.const(source), axis=x.rank - 2)
+
+
+def _linear_weights(target, x_shape, axis_count: int, axis: int, args) -> torch.Tensor:
+    """(out, in) weights of a separable interpolation along one spatial axis, taken from
+    aten's kernel applied to the identity: exactly aten's coefficients."""
+    size = x_shape[-axis_count + axis]
+    eye_shape = [size, 1] + [1] * axis_count
+    eye_shape[2 + axis] = size
+    basis = torch.eye(size, dtype=torch.float64).view(eye_shape)
+    output_size, align_corners, scale_factors = args
+    if output_size is not None:
+        sizes = [1] * axis_count
+        sizes[axis] = output_size[axis]
+        result = target(basis, sizes, align_corners, None)
+    else:
+        scales = [1.0] * axis_count
+        scales[axis] = scale_factors[axis]
+        result = target(basis, None, align_corners, scales)
+    return result.reshape(size, -1).t().contiguous()  # (out, in)
+
+
+def _interp_check(node):
+    reason = _upsample_check(node)
+    if reason:
+        return reason
+    x = arg_val(node, 0)
+    if x.dim() != 4 and node.target is not aten.upsample_trilinear3d.vec:
+        return "input rank"
+    return None
+
+
+@lower(aten.upsample_bilinear2d.vec, aten.upsample_bicubic2d.vec, aten.upsample_trilinear3d.vec, check=_interp_check)
+def upsample_interpolate(g, node, x, output_size, align_corners, scale_factors):
+    spatial = x.rank - 2
+    vec = node.target
+    matrices = [_linear_weights(vec, x.shape, spatial, i, (output_size, align_corners, scale_factors)) for i in range(spatial)]
+    return _along_axes(g, x, matrices)
+
+
+# -- padding modes ---------------------------------------------------------------------
+
+
+def _pad_check(node):
+    pad = node.args[1]
+    if any(p < 0 for p in pad):
+        return "negative padding"
+    x = arg_val(node, 0)
+    if x.numel() == 0:
+        return "empty input"
+    return None
+
+
+@lower(
+    aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default,
+    aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default,
+    check=_pad_check,
+)  # fmt: skip
+def pad_mode(g, node, x, pad):
+    mode = "reflect" if "reflection" in str(node.target) else "edge"
+    begins, ends = [0] * x.rank, [0] * x.rank
+    for i in range(len(pad) // 2):
+        begins[x.rank - 1 - i], ends[x.rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    return g.op("Pad", x, g.ints(begins + ends), mode=mode)

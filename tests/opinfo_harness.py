@@ -1,0 +1,223 @@
+"""Conformance sweep over PyTorch's OpInfo database: each op's sample inputs run eagerly and
+through torch.compile(backend=ortlite.Backend()); the op lands in one bucket:
+
+    ort       every sample matches eager and nothing ran in torch
+    fallback  every sample matches eager, something ran in torch (an op ortlite left out,
+              or a Dynamo graph break)
+    wrong     a result differs from eager (value, dtype or shape)
+    crash     ortlite or ONNX Runtime raised where eager did not (a process crash is found
+              by bench/coverage.py, which runs the sweep in subprocesses)
+    skipped   no sample could be compared (eager raises on all of them, or no dtype swept)
+
+Used by tests/test_opinfo.py (a few samples per op) and bench/coverage.py (the full sweep).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import warnings
+
+import torch
+import torch.utils._pytree as pytree
+
+import ortlite
+
+# Ops whose results are random or uninitialized memory: no eager result to compare with.
+RANDOM_OPS = {
+    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal", "uniform",
+    "rand_like", "randint", "randint_like", "randn", "randn_like",
+    "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout", "nn.functional.rrelu",
+    "empty", "empty_like", "empty_permuted", "empty_strided", "new_empty", "new_empty_strided",
+}  # fmt: skip
+
+DTYPES = (torch.float32, torch.int64, torch.bool)
+BUCKETS = ("ort", "fallback", "wrong", "crash", "skipped")
+
+# float32 tolerances: ONNX Runtime's kernels (vectorized exp/tanh, blocked sums and
+# matmuls) round differently from aten's.
+RTOL, ATOL = 1e-4, 1e-5
+# Ops whose float32 results legitimately differ more, with why.
+TOLERANCE = {}
+
+
+def op_id(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def all_ops():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return op_db
+
+
+def excluded_reason(op, dtypes=DTYPES) -> str | None:
+    if op.name in RANDOM_OPS:
+        return "random or uninitialized results"
+    if not set(dtypes) & set(op.supported_dtypes("cpu")):
+        return f"none of {[str(d).removeprefix('torch.') for d in dtypes]} on CPU"
+    return None
+
+
+@dataclasses.dataclass
+class OpResult:
+    op: str
+    bucket: str
+    samples: int = 0  # samples compared
+    fallback_ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    reasons: dict = dataclasses.field(default_factory=dict)  # fallback op -> reasons
+    detail: str = ""  # first wrong/crash: which sample and what
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "fallback_ops": dict(self.fallback_ops), "reasons": {k: sorted(v) for k, v in self.reasons.items()}}
+
+
+class RecordingBackend(ortlite.Backend):
+    """A Backend that also records why each node was left to torch."""
+
+    def reset(self):
+        super().reset()
+        self.reasons = collections.defaultdict(set)
+
+    def _left_to_torch(self, unsupported):
+        super()._left_to_torch(unsupported)
+        from ortlite.partition import op_name
+
+        for node, reason in unsupported.items():
+            self.reasons[op_name(node)].add(reason)
+
+
+def _pick(samples: list, limit: int | None) -> list:
+    """`limit` samples spread over the list (later samples are often the odd ones)."""
+    if limit is None or len(samples) <= limit:
+        return samples
+    if limit == 1:
+        return samples[:1]
+    step = (len(samples) - 1) / (limit - 1)
+    return [samples[round(i * step)] for i in range(limit)]
+
+
+def _clone(tree):
+    return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _compare(got, expected, rtol, atol) -> str | None:
+    """None when got equals eager's result; else what differs."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    exp_leaves, exp_spec = pytree.tree_flatten(expected)
+    if len(got_leaves) != len(exp_leaves):
+        return f"structure {got_spec} != eager's {exp_spec}"
+    for i, (g, e) in enumerate(zip(got_leaves, exp_leaves)):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(g, torch.Tensor):
+                return f"output {i}: {type(g).__name__} where eager gives a tensor"
+            if g.dtype != e.dtype or g.shape != e.shape:
+                return f"output {i}: {g.dtype}{list(g.shape)} != eager's {e.dtype}{list(e.shape)}"
+            try:
+                torch.testing.assert_close(g, e, rtol=rtol, atol=atol, equal_nan=True, check_device=False)
+            except AssertionError as err:
+                return f"output {i}: " + " ".join(str(err).split())[:300]
+        elif isinstance(e, float) and isinstance(g, float):
+            if not (math.isclose(g, e, rel_tol=rtol, abs_tol=atol) or (g != g and e != e)):
+                return f"output {i}: {g} != eager's {e}"
+        elif g != e:
+            return f"output {i}: {g!r} != eager's {e!r}"
+    return None
+
+
+def _describe(sample) -> str:
+    def show(x):
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" + ("" if x.is_contiguous() else "nc")
+        return repr(x)
+
+    args = [show(a) for a in pytree.tree_leaves((sample.input, sample.args))]
+    kwargs = {k: pytree.tree_map(show, v) for k, v in sample.kwargs.items()}
+    return f"({', '.join(args)}{', ' if kwargs else ''}{', '.join(f'{k}={v}' for k, v in kwargs.items())})"
+
+
+def run_sample(op, sample, rtol=RTOL, atol=ATOL):
+    """Runs one sample eagerly and compiled. Returns (status, backend, detail) with status in
+    'ok', 'wrong', 'crash', 'eager-error'; backend is None unless compiled."""
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def fn(*tensors):
+        filled = list(leaves)
+        for i, t in zip(tensor_at, tensors):
+            filled[i] = t
+        x, args, kwargs = pytree.tree_unflatten(filled, spec)
+        return op.op(x, *args, **kwargs)
+
+    tensors = [leaves[i] for i in tensor_at]
+    try:
+        expected = fn(*_clone(tensors))
+    except Exception as e:
+        return "eager-error", None, f"{type(e).__name__}: {e}"
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    backend = RecordingBackend()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = torch.compile(fn, backend=backend, dynamic=False, fullgraph=False)(*_clone(tensors))
+    except Exception as e:
+        return "crash", backend, f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+    finally:
+        # torch._dynamo.reset() resets the backend too: keep what it saw first
+        backend.seen = (backend.stats, dict(backend.reasons))
+        backend.graph_breaks = dict(torch._dynamo.utils.counters["graph_break"])
+        backend.captured = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        torch._dynamo.reset()
+    problem = _compare(got, expected, rtol, atol)
+    if problem:
+        return "wrong", backend, problem
+    return "ok", backend, ""
+
+
+def sweep_op(op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0) -> OpResult:
+    name = op_id(op)
+    reason = excluded_reason(op, dtypes)
+    if reason:
+        return OpResult(name, "skipped", detail=reason)
+    result = OpResult(name, "ort")
+    rtol, atol = TOLERANCE.get(name, (RTOL, ATOL))
+    supported = op.supported_dtypes("cpu")
+    for dtype in dtypes:
+        if dtype not in supported:
+            continue
+        torch.manual_seed(seed)
+        try:
+            samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
+        except Exception as e:  # some OpInfos cannot make samples for some dtypes
+            result.detail = result.detail or f"{dtype}: sample_inputs raised {type(e).__name__}"
+            continue
+        for sample in _pick(samples, max_samples):
+            status, backend, detail = run_sample(op, sample, rtol, atol)
+            if status == "eager-error":
+                continue
+            result.samples += 1
+            if status in ("wrong", "crash"):
+                result.bucket = status
+                result.detail = f"{str(dtype).removeprefix('torch.')} {_describe(sample)}: {detail}"
+                return result
+            stats, reasons = backend.seen
+            for fallback_op, count in stats.fallback_ops.items():
+                result.fallback_ops[fallback_op] += count
+                result.reasons.setdefault(fallback_op, set()).update(reasons.get(fallback_op, ()))
+            if backend.graph_breaks:
+                for cause in backend.graph_breaks:
+                    key = "dynamo graph break"
+                    result.fallback_ops[key] += 1
+                    result.reasons.setdefault(key, set()).add(" ".join(str(cause).split())[:120])
+            elif not backend.captured:
+                result.fallback_ops["dynamo captured no graph"] += 1
+                result.reasons.setdefault("dynamo captured no graph", set())
+    if result.samples == 0:
+        result.bucket = "skipped"
+        result.detail = result.detail or "eager raised on every sample"
+    elif result.fallback_ops:
+        result.bucket = "fallback"
+    return result
