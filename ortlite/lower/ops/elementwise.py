@@ -79,7 +79,15 @@ def _div_check(node):
     return None
 
 
-@lower(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode, check=_div_check, symbolic=True)
+@lower(
+    aten.div.Tensor,
+    aten.div.Scalar,
+    aten.div.Tensor_mode,
+    aten.div.Scalar_mode,
+    aten.true_divide.Tensor,
+    check=_div_check,
+    symbolic=True,
+)
 def div(g, node, a, b, *, rounding_mode=None):
     dtype = _compute_dtype(node, a, b)
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
@@ -413,7 +421,7 @@ _bitwise((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), "Xor", "BitwiseXor"
 # -- binary math -----------------------------------------------------------------------
 
 
-@lower(aten.maximum.default, aten.minimum.default)
+@lower(aten.maximum.default, aten.minimum.default, symbolic=True)
 def maximum(g, node, a, b):
     dtype = out_dtype(node)
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)

@@ -122,11 +122,11 @@ def _gather_check(node):
     return None
 
 
-@lower(aten.gather.default, check=_gather_check)
+@lower(aten.gather.default, check=_gather_check, symbolic=True)
 def gather(g, node, x, dim, index, sparse_grad=False):
     dim = norm_dim(dim, x.rank)
-    if 0 in index.shape:
-        return g.op("Expand", g.const(0, x.dtype), g.ints(index.shape))
+    if any(isinstance(d, int) and d == 0 for d in index.shape):
+        return g.op("Expand", g.const(0, x.dtype), g.shape(index.shape))
     return g.op("GatherElements", x, g.cast(index, torch.int64), axis=dim)
 
 

@@ -115,8 +115,12 @@ def _sdpa_check(node):
     dropout_p = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
     if dropout_p:
         return "dropout in attention (random)"
-    if q.dim() != 4 or k.dim() != 4 or q.shape[1] % k.shape[1]:
-        return "attention input ranks or head counts"
+    if q.dim() != 4 or k.dim() != 4:
+        return "attention input ranks"
+    if not all(isinstance(d, int) for d in (q.shape[1], k.shape[1], q.shape[3])):
+        return "symbolic head count or head size"
+    if q.shape[1] % k.shape[1]:
+        return "query heads not a multiple of key heads"
     return _float_check(node)
 
 
@@ -125,11 +129,20 @@ def _repeat_heads(g, x, heads: int):
     b, h, s, e = x.shape
     if h == heads:
         return x
-    grown = g.op("Expand", g.op("Unsqueeze", x, g.ints([2])), g.ints([b, h, heads // h, s, e]))
-    return g.op("Reshape", grown, g.ints([b, heads, s, e]))
+    grown = g.op("Expand", g.op("Unsqueeze", x, g.ints([2])), g.shape([b, h, heads // h, s, e]))
+    return g.op("Reshape", grown, g.shape([b, heads, s, e]))
 
 
-@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_sdpa_check)
+def _causal_allowed(g, length, source):
+    """(length, source) bool: query i sees keys 0..i (top-left aligned)."""
+    if isinstance(length, int) and isinstance(source, int):
+        return g.const(torch.ones(length, source, dtype=torch.bool).tril())
+    rows = g.op("Unsqueeze", g.op("Range", g.const(0, torch.int64), g.sym(length), g.const(1, torch.int64)), g.ints([1]))
+    cols = g.op("Range", g.const(0, torch.int64), g.sym(source), g.const(1, torch.int64))
+    return g.op("LessOrEqual", cols, rows)
+
+
+@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_sdpa_check, symbolic=True)
 def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     b, heads, length, dim = q.shape
     source = k.shape[2]
@@ -137,9 +150,8 @@ def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mas
     k, v = _repeat_heads(g, k, heads), _repeat_heads(g, v, heads)
     scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])), g.const(scale, q.dtype))
     minus_inf = g.const(float("-inf"), q.dtype)
-    if is_causal:  # top-left aligned: query i sees keys 0..i
-        allowed = torch.ones(length, source, dtype=torch.bool).tril()
-        scores = g.op("Where", g.const(allowed), scores, minus_inf)
+    if is_causal:
+        scores = g.op("Where", _causal_allowed(g, length, source), scores, minus_inf)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             scores = g.op("Where", attn_mask, scores, minus_inf)

@@ -11,7 +11,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, arg_val, is_float, out_dtype, out_shape
+from .common import aten, arg_val, is_float, is_static, may_be_zero, out_dtype, out_shape
 
 
 def _tuple(v, n: int) -> list[int]:
@@ -55,7 +55,9 @@ def _max_pool_check(node):
     x = arg_val(node, 0)
     if x.dim() not in (spatial + 1, spatial + 2):
         return "input rank"
-    if x.numel() == 0:
+    if not is_static(x.shape[-spatial:]):
+        return "symbolic spatial sizes"  # pads and NaN positions are computed from them
+    if any(may_be_zero(d) for d in x.shape):
         return "empty input"
     if not is_float(x.dtype):
         return "non-float input"
@@ -66,7 +68,7 @@ def _max_pool_check(node):
     return None
 
 
-@lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check)
+@lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check, symbolic=True)
 def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
     x, unbatched = _batched(g, x, spatial)
