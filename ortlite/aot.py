@@ -129,7 +129,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
     sessions, model_bytes = SessionCache(), lowered.model.SerializeToString()
     try:
-        sess = sessions.get(model_bytes, options, devices, current_cuda_stream(devices))
+        sess = sessions.get(model_bytes, options, devices, current_cuda_stream(devices), lowered.disabled_optimizers)
     except Exception as e:
         origin = missing_kernel_origin(e, lowered.node_origin)
         where = f" (node {origin}{_source(gm, origin)})" if origin else ""
@@ -146,7 +146,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     single_bare = simple and out_spec.is_leaf()
     lowered.returns_tuple = not single_bare
     compiled = build_runner(
-        "aot", lowered, sess, cls=cls, session_for_stream=lambda s: sessions.get(model_bytes, options, devices, s)
+        "aot", lowered, sess, cls=cls, session_for_stream=lambda s: sessions.get(model_bytes, options, devices, s, lowered.disabled_optimizers)
     )
     compiled.onnx_model = lowered.model
     compiled.providers = list(sess.get_providers())

@@ -180,14 +180,14 @@ class Backend:
         model_bytes = lowered.model.SerializeToString()
         stream = current_cuda_stream(devices)
         try:
-            sess = self._sessions.get(model_bytes, self.options, devices, stream)
+            sess = self._sessions.get(model_bytes, self.options, devices, stream, lowered.disabled_optimizers)
         except Exception as e:
             origin = missing_kernel_origin(e, lowered.node_origin)
             if origin is None or self.options.fallback == "error":
                 raise
             raise MissingKernel(origin, f"ONNX Runtime has no kernel: {e}") from e
         return build_runner(
-            name, lowered, sess, boxed=boxed, session_for_stream=lambda s: self._sessions.get(model_bytes, self.options, devices, s)
+            name, lowered, sess, boxed=boxed, session_for_stream=lambda s: self._sessions.get(model_bytes, self.options, devices, s, lowered.disabled_optimizers)
         )
 
 

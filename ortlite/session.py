@@ -136,12 +136,19 @@ class SessionCache:
         self._sessions: dict[tuple, C.InferenceSession] = {}
         self.created = 0
 
-    def get(self, model_bytes: bytes, options: Options, devices: set[torch.device], stream: int | None = None) -> C.InferenceSession:
+    def get(
+        self,
+        model_bytes: bytes,
+        options: Options,
+        devices: set[torch.device],
+        stream: int | None = None,
+        disabled_optimizers: tuple = (),
+    ) -> C.InferenceSession:
         providers = with_compute_stream(resolve_providers(options, devices), stream)
-        key = (hashlib.sha256(model_bytes).digest(), tuple(providers), id(options.session_options))
+        key = (hashlib.sha256(model_bytes).digest(), tuple(providers), id(options.session_options), disabled_optimizers)
         sess = self._sessions.get(key)
         if sess is None:
-            sess = create_session(model_bytes, options, providers, devices)
+            sess = create_session(model_bytes, options, providers, devices, disabled_optimizers)
             self._sessions[key] = sess
             self.created += 1
         return sess
@@ -151,7 +158,9 @@ class SessionCache:
         self.created = 0
 
 
-def create_session(model_bytes: bytes, options: Options, providers: list[tuple], devices: set[torch.device]):
+def create_session(
+    model_bytes: bytes, options: Options, providers: list[tuple], devices: set[torch.device], disabled_optimizers: tuple = ()
+):
     """The pybind session for these providers. Raises ProviderUnavailable when the provider
     the graph's devices need cannot run (ORT itself would fall back to CPU in silence and
     then read device pointers on the host); drops other providers that cannot, with a warning."""
@@ -171,6 +180,7 @@ def create_session(model_bytes: bytes, options: Options, providers: list[tuple],
         sess_options=session_options(options),
         providers=[name for name, _ in usable],
         provider_options=[dict(opts) for _, opts in usable],
+        disabled_optimizers=list(disabled_optimizers) or None,
     )
     active = wrapper.get_providers()
     inactive = [name for name, _ in usable if name not in active]

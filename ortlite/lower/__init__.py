@@ -54,6 +54,7 @@ class LoweredGraph:
     # symbol -> every (argument index, dim) it is the size of (dim None: an int argument)
     symbols: dict = dataclasses.field(default_factory=dict)
     symbol_ranges: dict = dataclasses.field(default_factory=dict)  # symbol -> (min, max or None)
+    disabled_optimizers: tuple = ()  # ORT graph optimizations that would change results here
 
 
 def _scalar_kind(val) -> str | None:
@@ -119,7 +120,10 @@ def lower_graph(
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
     ranges.update(symbol_ranges or {})
-    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges)
+    # MatMulScaleFusion folds a scale into MatMul as a float32 attribute: a float64 graph
+    # would then differ from aten by ~1e-8 (seen in attention: scores * 1/sqrt(d)).
+    disabled = ("MatMulScaleFusion",) if torch.float64 in g.dtypes else ()
+    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled)
 
 
 def finite_int(bound) -> int | None:

@@ -85,6 +85,7 @@ class GraphBuilder:
         # symbol -> (graph input name, dim), dim None for an int input: where its value is
         self.symbol_sources: dict[sympy.Symbol, tuple[str, int | None]] = {}
         self._sym_values: dict[sympy.Expr, Value] = {}
+        self.dtypes: set[torch.dtype] = set()  # of inputs, outputs, constants and casts
 
     def fresh(self, hint: str) -> str:
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
@@ -119,6 +120,7 @@ class GraphBuilder:
         if dtype is not None and tensor.dtype != dtype:
             tensor = tensor.to(dtype)
         tensor = tensor.contiguous()
+        self.dtypes.add(tensor.dtype)
         key = (tensor.dtype, tuple(tensor.shape), tensor.numpy().tobytes() if tensor.dtype != torch.bfloat16 else tensor.view(torch.int16).numpy().tobytes())
         cached = self._constants.get(key)
         if cached is not None:
@@ -132,6 +134,7 @@ class GraphBuilder:
     def weight(self, hint: str, tensor: torch.Tensor) -> Value:
         """An initializer for a model weight (not deduplicated by value: weights are big)."""
         tensor = tensor.detach().cpu().contiguous()
+        self.dtypes.add(tensor.dtype)
         name = self.fresh(hint)
         self.initializers.append(to_tensor_proto(tensor, name))
         return Value(name, tensor.dtype, tensor.shape)
@@ -198,13 +201,16 @@ class GraphBuilder:
     def cast(self, x: Value, dtype: torch.dtype) -> Value:
         if x.dtype == dtype:
             return x
+        self.dtypes.add(dtype)
         return Value(self.op("Cast", x, to=TORCH_TO_ONNX[dtype]), dtype, x.shape)
 
     def add_input(self, name: str, dtype: torch.dtype, shape: Sequence) -> None:
         self._used.add(name)
+        self.dtypes.add(dtype)
         self.inputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[dtype], [onnx_dim(d) for d in shape]))
 
     def add_output(self, name: str, dtype: torch.dtype, shape: Sequence) -> None:
+        self.dtypes.add(dtype)
         self.outputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[dtype], [onnx_dim(d) for d in shape]))
 
     def model(self) -> onnx.ModelProto:

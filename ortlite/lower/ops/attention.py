@@ -1,0 +1,123 @@
+"""Scaled dot-product attention (the CPU flash kernels' forward and backward) written out
+in ONNX ops: MatMul, Softmax, masks. Kept whole: the core decomposition of the forward
+gives training gradients that differ from eager (see decomp.py)."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from ..builder import TORCH_TO_ONNX
+from ..registry import lower
+from .common import aten, arg_val, is_float
+
+
+def _sdpa_check(node):
+    q, k = arg_val(node, 0), arg_val(node, 1)
+    dropout_p = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+    if dropout_p:
+        return "dropout in attention (random)"
+    if q.dim() != 4 or k.dim() != 4:
+        return "attention input ranks"
+    if not all(isinstance(d, int) for d in (q.shape[1], k.shape[1], q.shape[3])):
+        return "symbolic head count or head size"
+    if q.shape[1] % k.shape[1]:
+        return "query heads not a multiple of key heads"
+    return None if is_float(q.dtype) else "non-float input"
+
+
+def _repeat_heads(g, x, heads: int):
+    """Grouped-query attention: kv head j serves query heads j*r .. j*r + r - 1."""
+    b, h, s, e = x.shape
+    if h == heads:
+        return x
+    grown = g.op("Expand", g.op("Unsqueeze", x, g.ints([2])), g.shape([b, h, heads // h, s, e]))
+    return g.op("Reshape", grown, g.shape([b, heads, s, e]))
+
+
+def _sum_head_groups(g, grad, kv):
+    """The gradient of _repeat_heads: sum each group of query heads back onto its kv head."""
+    b, h, s, e = kv.shape
+    grouped = g.op("Reshape", grad, g.shape([b, h, -1, s, e]))
+    return g.op("ReduceSum", grouped, g.ints([2]), keepdims=0)
+
+
+def _causal_allowed(g, length, source):
+    """(length, source) bool: query i sees keys 0..i (top-left aligned)."""
+    if isinstance(length, int) and isinstance(source, int):
+        return g.const(torch.ones(length, source, dtype=torch.bool).tril())
+    rows = g.op("Unsqueeze", g.op("Range", g.const(0, torch.int64), g.sym(length), g.const(1, torch.int64)), g.ints([1]))
+    cols = g.op("Range", g.const(0, torch.int64), g.sym(source), g.const(1, torch.int64))
+    return g.op("LessOrEqual", cols, rows)
+
+
+def _scores(g, q, k, scale, is_causal, attn_mask):
+    """Scaled, masked attention scores (masked entries -inf) and k with q's head count."""
+    heads, length, dim = q.shape[1], q.shape[2], q.shape[3]
+    source = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    k = _repeat_heads(g, k, heads)
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])), g.const(scale, q.dtype))
+    minus_inf = g.const(float("-inf"), q.dtype)
+    if is_causal:
+        scores = g.op("Where", _causal_allowed(g, length, source), scores, minus_inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = g.op("Where", attn_mask, scores, minus_inf)
+        else:
+            scores = g.op("Add", scores, g.cast(attn_mask, q.dtype))
+    return scores, k, scale
+
+
+@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_sdpa_check, symbolic=True)
+def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    scores, _, _ = _scores(g, q, k, scale, is_causal, attn_mask)
+    v = _repeat_heads(g, v, q.shape[1])
+    minus_inf = g.const(float("-inf"), q.dtype)
+    # a row with every key masked gives zeros (and logsumexp 0), not NaN
+    row_max = g.op("ReduceMax", scores, g.ints([-1]), keepdims=1)
+    masked_row = g.op("Equal", row_max, minus_inf)
+    probs = g.op("Where", masked_row, g.const(0.0, q.dtype), g.op("Softmax", scores, axis=-1))
+    out = g.op("MatMul", probs, v)
+    if not any(user.args[1] == 1 for user in node.users if user.target is operator.getitem):
+        return out, None
+    lse = g.op("ReduceLogSumExp", scores, g.ints([-1]), keepdims=1)
+    lse = g.op("Where", masked_row, g.const(0.0, q.dtype), lse)
+    lse = g.op("Squeeze", lse, g.ints([-1]))
+    lse_dtype = node.meta["val"][1].dtype
+    return out, g.op("Cast", lse, to=TORCH_TO_ONNX[lse_dtype])
+
+
+def _sdpa_backward_check(node):
+    q, k = arg_val(node, 1), arg_val(node, 2)
+    if node.args[6]:
+        return "dropout in attention (random)"
+    if q.dim() != 4 or k.dim() != 4:
+        return "attention input ranks"
+    if not all(isinstance(d, int) for d in (q.shape[1], k.shape[1], q.shape[3])):
+        return "symbolic head count or head size"
+    if q.shape[1] % k.shape[1]:
+        return "query heads not a multiple of key heads"
+    # aten's half-precision backward accumulates in float32 in its own order
+    return None if q.dtype in (torch.float32, torch.float64) else f"attention backward in {q.dtype}"
+
+
+@lower(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, check=_sdpa_backward_check, symbolic=True)
+def sdpa_flash_cpu_backward(g, node, grad_out, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    scores, k_heads, scale = _scores(g, q, k, scale, is_causal, attn_mask)
+    v_heads = _repeat_heads(g, v, q.shape[1])
+    # the forward's probabilities, from its logsumexp (0 where a row was fully masked)
+    probs = g.op("Exp", g.op("Sub", scores, g.op("Unsqueeze", g.cast(lse, q.dtype), g.ints([-1]))))
+    transpose = lambda x: g.op("Transpose", x, perm=[0, 1, 3, 2])  # noqa: E731
+    grad_v = g.op("MatMul", transpose(probs), grad_out)
+    grad_probs = g.op("MatMul", grad_out, transpose(v_heads))
+    delta = g.op("ReduceSum", g.op("Mul", grad_out, out), g.ints([-1]), keepdims=1)
+    grad_scores = g.op("Mul", probs, g.op("Sub", grad_probs, delta))
+    scale_value = g.const(scale, q.dtype)
+    grad_q = g.op("Mul", g.op("MatMul", grad_scores, k_heads), scale_value)
+    grad_k = g.op("Mul", g.op("MatMul", transpose(grad_scores), q), scale_value)
+    if k.shape[1] != q.shape[1]:
+        grad_k, grad_v = _sum_head_groups(g, grad_k, k), _sum_head_groups(g, grad_v, v)
+    return grad_q, grad_k, grad_v
