@@ -18,12 +18,27 @@ def mm(g, node, a, b):
     return g.op("MatMul", a, b)
 
 
-def _float_only(node):
-    return None if is_float(out_dtype(node)) else "non-float addmm"
+def _scaled_sum(g, node, product, bias, beta, alpha):
+    """beta * bias + alpha * product, where beta == 0 ignores bias (NaN included)."""
+    dtype = out_dtype(node)
+    if alpha != 1:
+        product = g.op("Mul", product, g.const(alpha, dtype))
+    if beta == 0:
+        return product
+    bias = g.cast(bias, dtype)
+    if beta != 1:
+        bias = g.op("Mul", bias, g.const(beta, dtype))
+    return g.op("Add", bias, product)
 
 
-@lower(aten.addmm.default, check=_float_only)
+def _matmul(g, node, a, b):
+    return _zeros(g, node) if a.shape[-1] == 0 else g.op("MatMul", a, b)
+
+
+@lower(aten.addmm.default)
 def addmm(g, node, bias, a, b, *, beta=1, alpha=1):
+    if not is_float(out_dtype(node)):  # Gemm is float-only
+        return _scaled_sum(g, node, _matmul(g, node, a, b), bias, beta, alpha)
     if a.shape[-1] == 0:  # a @ b is zeros (and ONNX Runtime's Gemm would leave it unwritten)
         if beta == 0:
             return _zeros(g, node)
@@ -32,3 +47,17 @@ def addmm(g, node, bias, a, b, *, beta=1, alpha=1):
     if beta == 0:  # aten ignores the bias entirely, NaN and inf included
         return g.op("Gemm", a, b, alpha=float(alpha))
     return g.op("Gemm", a, b, g.cast(bias, out_dtype(node)), alpha=float(alpha), beta=float(beta))
+
+
+@lower(aten.addmv.default)
+def addmv(g, node, bias, mat, vec, *, beta=1, alpha=1):
+    return _scaled_sum(g, node, _matmul(g, node, mat, vec), bias, beta, alpha)
+
+
+@lower(aten.addbmm.default)
+def addbmm(g, node, bias, a, b, *, beta=1, alpha=1):
+    if a.shape[0] == 0 or a.shape[-1] == 0:
+        product = _zeros(g, node)
+    else:
+        product = g.op("ReduceSum", g.op("MatMul", a, b), g.ints([0]), keepdims=0)
+    return _scaled_sum(g, node, product, bias, beta, alpha)
