@@ -370,7 +370,7 @@ def expm1(g, node, x):
     x = g.cast(x, dtype)
     u = g.op("Exp", x)
     um1 = g.op("Sub", u, g.const(1, dtype))
-    ratio = g.op("Div", g.op("Mul", um1, x), g.op("Log", u))
+    ratio = g.op("Mul", um1, g.op("Div", x, g.op("Log", u)))  # x / log(u) ~ 1: no overflow
     result = g.op("Where", g.op("Equal", u, g.const(1, dtype)), x, ratio)
     result = g.op("Where", g.op("Equal", um1, g.const(-1, dtype)), g.const(-1, dtype), result)
     return g.op("Where", g.op("IsInf", u, detect_negative=0), u, result)
@@ -383,7 +383,7 @@ def log1p(g, node, x):
     x = g.cast(x, dtype)
     u = g.op("Add", x, g.const(1, dtype))
     log_u = g.op("Log", u)
-    ratio = g.op("Div", g.op("Mul", log_u, x), g.op("Sub", u, g.const(1, dtype)))
+    ratio = g.op("Mul", log_u, g.op("Div", x, g.op("Sub", u, g.const(1, dtype))))
     result = g.op("Where", g.op("Equal", u, g.const(1, dtype)), x, ratio)
     return g.op("Where", g.op("IsInf", u), log_u, result)
 
