@@ -140,8 +140,12 @@ class GraphBuilder:
         return Value(name, tensor.dtype, tensor.shape)
 
     def ints(self, values: Sequence[int]) -> Value:
-        """A 1-D int64 initializer: the shape, axes and index lists ONNX ops take as inputs."""
-        return self.const(np.asarray(list(values), dtype=np.int64))
+        """A 1-D int64 value: the shape, axes and index lists ONNX ops take as inputs. An
+        initializer when every value is an int; sizes that are SymInts are computed (shape())."""
+        values = list(values)
+        if not all(isinstance(v, int) for v in values):
+            return self.shape(values)
+        return self.const(np.asarray(values, dtype=np.int64))
 
     def shape(self, dims: Sequence) -> Value:
         """A 1-D int64 value holding these sizes; symbolic ones are computed in the graph

@@ -9,7 +9,7 @@ import torch
 from ..builder import TORCH_TO_ONNX, GraphBuilder, Value
 from ..registry import lower
 from . import common
-from .common import aten, arg_val, as_value, is_float, out_dtype, promoted_dtype
+from .common import aten, arg_val, as_value, is_float, out_dtype, out_shape, promoted_dtype
 
 
 def _compute_dtype(node, *operands) -> torch.dtype:
@@ -30,14 +30,10 @@ def _finish(g: GraphBuilder, node, result: str, dtype: torch.dtype) -> str:
 # -- arithmetic ------------------------------------------------------------------------
 
 
-def _bool_alpha_check(node):
-    if out_dtype(node) == torch.bool and node.kwargs.get("alpha", 1) != 1:
-        return "bool arithmetic with alpha"
-    return None
-
-
-@lower(aten.add.Tensor, aten.add.Scalar, check=_bool_alpha_check, symbolic=True)
+@lower(aten.add.Tensor, aten.add.Scalar, symbolic=True)
 def add(g, node, a, b, *, alpha=1):
+    if out_dtype(node) == torch.bool and not alpha:  # a + False * b
+        return g.op("Expand", as_value(g, a, torch.bool), g.ints(out_shape(node)))
     return _add_sub(g, node, "Add", a, b, alpha)
 
 
@@ -48,7 +44,7 @@ def sub(g, node, a, b, *, alpha=1):
 
 def _add_sub(g, node, op_type, a, b, alpha):
     if out_dtype(node) == torch.bool:  # bool + bool is logical or (bool - bool is an error in aten)
-        return g.op("Or", as_value(g, a, torch.bool), as_value(g, b, torch.bool))
+        return g.op("Or", as_value(g, a, torch.bool), as_value(g, b, torch.bool))  # alpha is True here
     dtype = _compute_dtype(node, a, b, *([alpha] if alpha != 1 else []))
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
     if alpha != 1:
@@ -270,10 +266,11 @@ def clamp(g, node, x, min=None, max=None):
     dtype = out_dtype(node)
     result = g.cast(x, dtype)
     # Max/Min (not Clip): they propagate NaN as aten does, and take tensor bounds.
+    upper, lower_ = ("Or", "And") if dtype == torch.bool else ("Max", "Min")
     if min is not None:
-        result = g.op("Max", result, as_value(g, min, dtype))
+        result = g.op(upper, result, as_value(g, min, dtype))
     if max is not None:
-        result = g.op("Min", result, as_value(g, max, dtype))
+        result = g.op(lower_, result, as_value(g, max, dtype))
     return result if (min is not None or max is not None) else g.op("Identity", result)
 
 
@@ -381,7 +378,7 @@ def expm1(g, node, x):
     x = g.cast(x, dtype)
     u = g.op("Exp", x)
     um1 = g.op("Sub", u, g.const(1, dtype))
-    ratio = g.op("Div", g.op("Mul", um1, x), g.op("Log", u))
+    ratio = g.op("Mul", um1, g.op("Div", x, g.op("Log", u)))  # x / log(u) ~ 1: no overflow
     result = g.op("Where", g.op("Equal", u, g.const(1, dtype)), x, ratio)
     result = g.op("Where", g.op("Equal", um1, g.const(-1, dtype)), g.const(-1, dtype), result)
     return g.op("Where", g.op("IsInf", u, detect_negative=0), u, result)
@@ -394,7 +391,7 @@ def log1p(g, node, x):
     x = g.cast(x, dtype)
     u = g.op("Add", x, g.const(1, dtype))
     log_u = g.op("Log", u)
-    ratio = g.op("Div", g.op("Mul", log_u, x), g.op("Sub", u, g.const(1, dtype)))
+    ratio = g.op("Mul", log_u, g.op("Div", x, g.op("Sub", u, g.const(1, dtype))))
     result = g.op("Where", g.op("Equal", u, g.const(1, dtype)), x, ratio)
     return g.op("Where", g.op("IsInf", u), log_u, result)
 
@@ -489,7 +486,17 @@ def leaky_relu(g, node, x, negative_slope=0.01):
     return g.op("LeakyRelu", x, alpha=float(negative_slope))
 
 
-@lower(aten.hardtanh.default, check=_float_only)
+def _hardtanh_check(node):
+    dtype = out_dtype(node)
+    if dtype == torch.bool:
+        return "bool input"
+    bounds = list(node.args[1:3]) + [node.kwargs[k] for k in ("min_val", "max_val") if k in node.kwargs]
+    if not is_float(dtype) and any(float(b) != int(b) for b in bounds):
+        return "fractional bounds on integers"
+    return None
+
+
+@lower(aten.hardtanh.default, check=_hardtanh_check)
 def hardtanh(g, node, x, min_val=-1, max_val=1):
     # Max/Min propagate NaN as aten does
     return g.op("Min", g.op("Max", x, g.const(min_val, x.dtype)), g.const(max_val, x.dtype))
@@ -516,3 +523,32 @@ def atan2(g, node, y, x):
     both_inf = g.op("And", g.op("IsInf", y), g.op("IsInf", x))
     quarter = g.op("Mul", pi, g.op("Where", x_negative, g.const(0.75, dtype), g.const(0.25, dtype)))
     return g.op("Where", both_inf, quarter, result)
+
+
+@lower(aten.ldexp.Tensor)
+def ldexp(g, node, x, exponent):
+    # aten: x * 2 ** exponent
+    dtype = out_dtype(node)
+    return g.op("Mul", as_value(g, x, dtype), g.op("Pow", g.const(2.0, dtype), as_value(g, exponent, dtype)))
+
+
+def _copysign_check(node):
+    # the sign bit of a NaN cannot be read in ONNX (x86 makes -NaN from 0/0): only a
+    # Python number or an integer tensor gives the sign
+    sign = node.args[1]
+    if isinstance(sign, torch.fx.Node) and is_float(sign.meta["val"].dtype):
+        return "sign from a float tensor (NaN sign bits)"
+    return None
+
+
+@lower(aten.copysign.Tensor, aten.copysign.Scalar, check=_copysign_check)
+def copysign(g, node, x, sign):
+    dtype = out_dtype(node)
+    magnitude = g.op("Expand", g.op("Abs", as_value(g, x, dtype)), g.ints(out_shape(node)))
+    if isinstance(sign, Value) and sign.dtype == torch.bool:
+        negative = g.const(False)
+    elif isinstance(sign, Value):
+        negative = g.op("Less", sign, g.const(0, sign.dtype))
+    else:
+        negative = g.const(math.copysign(1.0, sign) < 0)
+    return g.op("Where", negative, g.op("Neg", magnitude), magnitude)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..builder import Value
+from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
 from .common import aten, arg_val, where, is_float, norm_dim, out_dtype, out_shape
 
@@ -73,18 +73,33 @@ def index(g, node, x, indices):
     return g.op("Transpose", result, perm=back) if back else result
 
 
+def _mask_put(node):
+    """For index_put with one bool mask: (position, mask rank) when the values do not
+    depend on how many elements the mask selects; else None."""
+    indices = node.args[1]
+    masks = [(d, i.meta["val"]) for d, i in enumerate(indices) if i is not None]
+    if len(masks) != 1 or masks[0][1].dtype not in (torch.bool, torch.uint8):
+        return None
+    (position, mask), x, values = masks[0], arg_val(node, 0), arg_val(node, 2)
+    rest = x.dim() - position - mask.dim()
+    selected_axis = values.dim() - rest - 1  # the values axis that lines up with the selected elements
+    if selected_axis >= 0 and values.shape[selected_axis] != 1:
+        return None
+    return position, mask.dim()
+
+
 def _index_put_check(node):
-    reason = _index_check(node)
-    if reason:
-        return reason
-    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
-    if accumulate and out_dtype(node) == torch.bool:
-        return "accumulate into bool"
-    return None
+    indices = [i for i in node.args[1] if i is not None]
+    if any(i.meta["val"].dtype in (torch.bool, torch.uint8) for i in indices):
+        return None if _mask_put(node) else "mask index whose values depend on the number of selected elements"
+    return _index_check(node)
 
 
 @lower(aten.index_put.default, check=_index_put_check)
 def index_put(g, node, x, indices, values, accumulate=False):
+    mask_put = _mask_put(node)
+    if mask_put:
+        return _mask_index_put(g, node, x, indices, values, accumulate, *mask_put)
     indices = list(indices) + [None] * (x.rank - len(indices))
     moved, stacked, perm, shape, positions = _gather_layout(g, x, indices)
     # values broadcast to x[indices] (aten's layout), then into GatherND's layout
@@ -99,35 +114,62 @@ def index_put(g, node, x, indices, values, accumulate=False):
     if back:
         inverse = [back.index(i) for i in range(len(back))]
         updates = g.op("Transpose", updates, perm=inverse)
+    if accumulate and x.dtype == torch.bool:  # adding bools is "or": count, then nonzero
+        moved = g.op("Cast", moved, to=TORCH_TO_ONNX[torch.int32])
+        updates = g.op("Cast", updates, to=TORCH_TO_ONNX[torch.int32])
     result = g.op("ScatterND", moved, stacked, updates, reduction="add" if accumulate else None)
+    if accumulate and x.dtype == torch.bool:
+        result = g.op("Cast", result, to=TORCH_TO_ONNX[torch.bool])
     if perm != list(range(x.rank)):
         result = g.op("Transpose", result, perm=[perm.index(i) for i in range(x.rank)])
     return result
 
 
-def _rank_check(node):
-    return "0-d input" if arg_val(node, 0).dim() == 0 else None
+def _mask_index_put(g, node, x, indices, values, accumulate, position, mask_rank):
+    mask = [i for i in indices if i is not None][0]
+    rest = x.rank - position - mask_rank
+    # values in x's layout: the axis facing the selected elements becomes mask_rank ones
+    v_shape = list(values.shape)
+    keep = v_shape[max(0, len(v_shape) - rest):] if rest else []
+    lead = v_shape[: max(0, len(v_shape) - rest - 1)]
+    layout = lead + [1] * mask_rank + keep
+    values = g.cast(values, x.dtype)
+    if layout != v_shape:
+        values = g.op("Reshape", values, g.ints(layout))
+    mask = g.op("Reshape", g.cast(mask, torch.bool), g.ints([1] * position + list(mask.shape) + [1] * rest))
+    if accumulate:
+        if x.dtype == torch.bool:
+            return g.op("Or", x, g.op("And", mask, values))
+        added = g.op("Add", x, g.op("Expand", values, g.ints(x.shape)))
+        return where(g, mask, added, x, x.dtype)
+    return where(g, mask, g.op("Expand", values, g.ints(x.shape)), x, x.dtype)
 
 
-@lower(aten.index_select.default, check=_rank_check)
+def _as_1d(g, x: Value) -> Value:
+    """aten treats a 0-d tensor like a 1-element 1-d one in gather/scatter/index_select."""
+    return Value(g.op("Reshape", x, g.ints([1])), x.dtype, (1,)) if x.rank == 0 else x
+
+
+@lower(aten.index_select.default)
 def index_select(g, node, x, dim, index):
-    index = g.op("Reshape", g.cast(index, torch.int64), g.ints([-1])) if index.rank == 0 else g.cast(index, torch.int64)
-    return g.op("Gather", x, index, axis=norm_dim(dim, x.rank))
+    index = g.op("Reshape", g.cast(index, torch.int64), g.ints([-1]))
+    result = g.op("Gather", _as_1d(g, x), index, axis=norm_dim(dim, max(x.rank, 1)))
+    return g.op("Reshape", result, g.ints(out_shape(node))) if x.rank == 0 else result
 
 
 def _gather_check(node):
     x, index = arg_val(node, 0), arg_val(node, 2)
-    if x.dim() == 0 or index.dim() != x.dim():
-        return "0-d input or index of another rank"
+    if max(index.dim(), 1) != max(x.dim(), 1):
+        return "index of another rank"
     return None
 
 
 @lower(aten.gather.default, check=_gather_check, symbolic=True)
 def gather(g, node, x, dim, index, sparse_grad=False):
-    dim = norm_dim(dim, x.rank)
     if any(isinstance(d, int) and d == 0 for d in index.shape):
         return g.op("Expand", g.const(0, x.dtype), g.shape(index.shape))
-    return g.op("GatherElements", x, g.cast(index, torch.int64), axis=dim)
+    result = g.op("GatherElements", _as_1d(g, x), _as_1d(g, g.cast(index, torch.int64)), axis=norm_dim(dim, max(x.rank, 1)))
+    return g.op("Reshape", result, g.shape(out_shape(node))) if index.rank == 0 else result
 
 
 # -- scatter ---------------------------------------------------------------------------
@@ -138,26 +180,20 @@ REDUCTIONS = {"sum": "add", "add": "add", "prod": "mul", "multiply": "mul", "ama
 
 def _scatter_check(node):
     x, index = arg_val(node, 0), arg_val(node, 2)
-    if x.dim() == 0 or index.dim() != x.dim():
-        return "0-d input or index of another rank"
+    if max(index.dim(), 1) != max(x.dim(), 1):
+        return "index of another rank"
     reduce = _reduce_arg(node)
     if reduce is not None and reduce not in REDUCTIONS and reduce != "mean":
         return f"reduce={reduce!r}"
-    if reduce == "mean" and not is_float(x.dtype):
-        return "integer scatter mean"
-    if reduce in ("amax", "amin") and is_float(x.dtype):
-        return "scatter amax/amin of floats (ONNX Runtime does not propagate NaN)"
-    if reduce is not None and x.dtype == torch.bool:
-        return "scatter reduction on bool"
+    if reduce == "mean" and x.dtype == torch.bool:
+        return "scatter mean on bool"
     return None
 
 
 def _reduce_arg(node):
     if node.target is aten.scatter_add.default:
         return "sum"
-    if node.target is aten.scatter_reduce.two:
-        return node.args[4] if len(node.args) > 4 else node.kwargs["reduce"]
-    if node.target in (aten.scatter.reduce, aten.scatter.value_reduce):
+    if node.target in (aten.scatter_reduce.two, aten.scatter.reduce, aten.scatter.value_reduce, aten.index_reduce.default):
         return node.args[4] if len(node.args) > 4 else node.kwargs["reduce"]
     return None
 
@@ -186,27 +222,73 @@ def _identity(dtype, reduce):
     aten.scatter_add.default, aten.scatter_reduce.two, check=_scatter_check,
 )  # fmt: skip
 def scatter(g, node, x, dim, index, src, reduce=None, *, include_self=True):
-    dim = norm_dim(dim, x.rank)
-    reduce = _reduce_arg(node)
     if 0 in index.shape:
         return g.op("Identity", x)
-    index = g.cast(index, torch.int64)
-    updates = _updates(g, src, index, x.dtype)
+    x1 = _as_1d(g, x)
+    index = _as_1d(g, g.cast(index, torch.int64))
+    src = _as_1d(g, src) if isinstance(src, Value) else src
+    result = _scatter_elements(g, x1, norm_dim(dim, x1.rank), index, _updates(g, src, index, x.dtype), _reduce_arg(node), include_self)
+    return g.op("Reshape", result, g.ints([])) if x.rank == 0 else result
+
+
+def _scatter_elements(g, x: Value, dim: int, index: Value, updates: str, reduce, include_self: bool) -> str:
+    """aten's scatter / scatter_reduce with ONNX ScatterElements."""
     if reduce is None:
         return g.op("ScatterElements", x, index, updates, axis=dim)
+    if x.dtype == torch.bool:  # sum/amax are "any", prod/amin "all": reduce 0/1 as int32
+        as_int = lambda v: g.op("Cast", v, to=TORCH_TO_ONNX[torch.int32])  # noqa: E731
+        reduced = _scatter_elements(g, Value(as_int(x), torch.int32, x.shape), dim, index, as_int(updates), reduce, include_self)
+        return g.op("Cast", reduced, to=TORCH_TO_ONNX[torch.bool])
+    fill_like_index = lambda value: g.op("Expand", g.const(value, x.dtype), g.ints(index.shape))  # noqa: E731
     base = x
     if not include_self:  # reduce over src alone where index points
-        fill = g.op("Expand", g.const(_identity(x.dtype, reduce), x.dtype), g.ints(index.shape))
-        base = g.op("ScatterElements", x, index, fill, axis=dim)
+        base = g.op("ScatterElements", x, index, fill_like_index(_identity(x.dtype, reduce)), axis=dim)
     if reduce == "mean":
         total = g.op("ScatterElements", base, index, updates, axis=dim, reduction="add")
-        ones = g.op("Expand", g.const(1, x.dtype), g.ints(x.shape))
-        counts = ones
+        counts = g.op("Expand", g.const(1, x.dtype), g.ints(x.shape))
         if not include_self:
-            counts = g.op("ScatterElements", ones, index, g.op("Expand", g.const(0, x.dtype), g.ints(index.shape)), axis=dim)
-        counts = g.op("ScatterElements", counts, index, g.op("Expand", g.const(1, x.dtype), g.ints(index.shape)), axis=dim, reduction="add")
-        return g.op("Div", total, counts)
-    return g.op("ScatterElements", base, index, updates, axis=dim, reduction=REDUCTIONS[reduce])
+            counts = g.op("ScatterElements", counts, index, fill_like_index(0), axis=dim)
+        counts = g.op("ScatterElements", counts, index, fill_like_index(1), axis=dim, reduction="add")
+        if is_float(x.dtype):
+            return g.op("Div", total, counts)
+        # integer means round down; counts are >= 1 so this Div cannot be by zero
+        return g.op("Div", g.op("Sub", total, g.op("Mod", total, counts, fmod=0)), counts)
+    result = g.op("ScatterElements", base, index, updates, axis=dim, reduction=REDUCTIONS[reduce])
+    if reduce in ("amax", "amin") and is_float(x.dtype):
+        # aten's max/min propagate NaN from src (and self); ONNX Runtime's do not
+        nan_src = g.op("Cast", g.op("IsNaN", updates), to=TORCH_TO_ONNX[x.dtype])
+        zeros = g.op("Expand", g.const(0, x.dtype), g.ints(x.shape))
+        hit = g.op("Greater", g.op("ScatterElements", zeros, index, nan_src, axis=dim, reduction="max"), g.const(0, x.dtype))
+        if include_self:
+            hit = g.op("Or", hit, g.op("IsNaN", x))
+        result = g.op("Where", hit, g.const(float("nan"), x.dtype), result)
+    return result
+
+
+def _index_reduce_check(node):
+    x = arg_val(node, 0)
+    reduce = _reduce_arg(node)
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        return f"reduce={reduce!r}"
+    if x.dtype == torch.bool:
+        return "index_reduce on bool"
+    return None
+
+
+@lower(aten.index_reduce.default, check=_index_reduce_check)
+def index_reduce(g, node, x, dim, index, source, reduce, *, include_self=True):
+    # index picks whole slices along dim: scatter with the index spread over source's shape
+    if 0 in source.shape:
+        return g.op("Identity", x)
+    if x.rank == 0:
+        result = index_reduce(g, node, _as_1d(g, x), dim, index, _as_1d(g, source), reduce, include_self=include_self)
+        return g.op("Reshape", result, g.ints([]))
+    dim = norm_dim(dim, x.rank)
+    shape = [1] * source.rank
+    shape[dim] = source.shape[dim]
+    spread = g.op("Expand", g.op("Reshape", g.cast(index, torch.int64), g.ints(shape)), g.ints(source.shape))
+    spread = Value(spread, torch.int64, source.shape)
+    return _scatter_elements(g, x, dim, spread, g.cast(source, x.dtype), reduce, include_self)
 
 
 def _masked_scatter_check(node):

@@ -182,21 +182,39 @@ def _affine(g, x, y, weight, bias):
     return y
 
 
-@lower(aten._native_batch_norm_legit_functional.default, check=_bn_training_check)
-def batch_norm_training_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps):
-    if not training:
-        raise NotImplementedError("eval-mode functional batch norm")
+def _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """aten's batch norm, training or not, with the updated running statistics."""
+    flat = g.ints([-1])
+    if not training:  # normalize with the running statistics, which stay as they are
+        shape = g.ints([x.shape[1]] + [1] * (x.rank - 2))
+        rstd = g.op("Reciprocal", g.op("Sqrt", g.op("Add", g.op("Reshape", g.cast(running_var, x.dtype), shape), g.const(float(eps), x.dtype))))
+        y = _affine(g, x, g.op("Mul", g.op("Sub", x, g.op("Reshape", g.cast(running_mean, x.dtype), shape)), rstd), weight, bias)
+        stats = [v for v in node.meta["val"][1:3]]
+        empty = [g.op("Expand", g.const(0, v.dtype), g.ints(tuple(v.shape))) for v in stats]
+        return y, empty[0], empty[1], g.op("Identity", running_mean), g.op("Identity", running_var)
     mean, var, centered, rstd = _batch_stats(g, x, float(eps))
     y = _affine(g, x, g.op("Mul", centered, rstd), weight, bias)
-    flat = g.ints([-1])
     mean_c, var_c, rstd_c = g.op("Reshape", mean, flat), g.op("Reshape", var, flat), g.op("Reshape", rstd, flat)
     n = x.shape[0] * math.prod(x.shape[2:])
     m = g.const(float(momentum), running_mean.dtype)
     keep = g.const(1.0 - float(momentum), running_mean.dtype)
     new_mean = g.op("Add", g.op("Mul", keep, running_mean), g.op("Mul", m, g.cast(Value(mean_c, x.dtype, ()), running_mean.dtype)))
-    unbiased = g.op("Mul", var_c, g.const(n / max(n - 1, 1) if n > 1 else float("inf"), x.dtype))
+    # the running variance takes the unbiased variance
+    unbiased = g.op("Mul", var_c, g.const(n / (n - 1) if n > 1 else float("inf"), x.dtype))
     new_var = g.op("Add", g.op("Mul", keep, running_var), g.op("Mul", m, g.cast(Value(unbiased, x.dtype, ()), running_var.dtype)))
     return y, mean_c, rstd_c, new_mean, new_var
+
+
+@lower(aten._native_batch_norm_legit_functional.default, check=_bn_training_check)
+def batch_norm_legit_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lower(aten._batch_norm_with_update_functional.default, check=_bn_training_check)
+def batch_norm_with_update_functional(g, node, x, weight, bias, running_mean, running_var, momentum, eps):
+    y, mean, rstd, new_mean, new_var = _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, True, momentum, eps)
+    reserve = node.meta["val"][3]
+    return y, mean, rstd, g.op("Expand", g.const(0, reserve.dtype), g.ints(tuple(reserve.shape))), new_mean, new_var
 
 
 @lower(aten._native_batch_norm_legit.no_stats, check=_bn_training_check)

@@ -318,12 +318,8 @@ def upsample_interpolate(g, node, x, output_size, align_corners, scale_factors):
 
 
 def _pad_check(node):
-    pad = node.args[1]
-    if any(p < 0 for p in pad):
-        return "negative padding"
-    x = arg_val(node, 0)
-    if x.numel() == 0:
-        return "empty input"
+    if "reflection" in str(node.target) and any(p < 0 for p in node.args[1]):
+        return "negative reflection padding"
     return None
 
 
@@ -333,8 +329,17 @@ def _pad_check(node):
     check=_pad_check,
 )  # fmt: skip
 def pad_mode(g, node, x, pad):
+    if 0 in out_shape(node):
+        return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
     mode = "reflect" if "reflection" in str(node.target) else "edge"
     begins, ends = [0] * x.rank, [0] * x.rank
     for i in range(len(pad) // 2):
         begins[x.rank - 1 - i], ends[x.rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
-    return g.op("Pad", x, g.ints(begins + ends), mode=mode)
+    result = g.op("Pad", x, g.ints([max(p, 0) for p in begins + ends]), mode=mode)
+    # negative (replication) padding crops, after padding: aten clamps source positions
+    crops = [d for d in range(x.rank) if begins[d] < 0 or ends[d] < 0]
+    if crops:
+        starts = [max(-begins[d], 0) for d in crops]
+        stops = [ends[d] if ends[d] < 0 else 2**63 - 1 for d in crops]
+        result = g.op("Slice", result, g.ints(starts), g.ints(stops), g.ints(crops))
+    return result

@@ -237,3 +237,54 @@ def linalg_vector_norm(g, node, x, ord=2, dim=None, keepdim=False, *, dtype=None
     if node.args[0].meta["val"].dim() == 0 and out_val_shape(node) == ():
         result = g.op("Reshape", result, g.ints([]))
     return result
+
+
+CUMPROD_MAX = 256  # cumprod as a product over a triangular (n, n) spread: bounded n
+
+
+def _cumprod_check(node):
+    x = node.args[0].meta["val"]
+    if x.dim() and x.shape[norm_dims(node.args[1], x.dim())[0]] > CUMPROD_MAX:
+        return f"cumprod over more than {CUMPROD_MAX} elements"
+    return None
+
+
+@lower(aten.cumprod.default, check=_cumprod_check)
+def cumprod(g, node, x, dim, *, dtype=None):
+    # ONNX has no cumulative product: out[i] = prod over j <= i, as a ReduceProd of x
+    # spread over a new axis with ones above the diagonal
+    x = g.cast(x, out_dtype(node))
+    if x.rank == 0 or 0 in x.shape:
+        return g.op("Identity", x)
+    axis = norm_dims(dim, x.rank)[0]
+    n = x.shape[axis]
+    spread = g.op("Unsqueeze", x, g.ints([axis]))  # (..., 1 [i], n [j], ...)
+    lower = torch.ones(n, n, dtype=torch.bool).tril().view([n, n] + [1] * (x.rank - axis - 1))
+    masked = g.op("Where", g.const(lower), spread, g.const(1, x.dtype))
+    return g.op("ReduceProd", masked, g.ints([axis + 1]), keepdims=0)
+
+
+def _median_check(node):
+    x = node.args[0].meta["val"]
+    if x.numel() == 0:
+        return "median of nothing"
+    if x.dtype == torch.float64:
+        return "float64 keys"
+    return None
+
+
+@lower(aten.median.default, check=_median_check)
+def median(g, node, x):
+    # aten's median is the lower one, (n - 1) // 2 in sorted order; NaN if any is NaN
+    from .sort import _sort_key
+
+    n = math.prod(x.shape)
+    flat = Value(g.op("Reshape", x, g.ints([n])), x.dtype, (n,))
+    k = (n - 1) // 2 + 1
+    _, indices = g.op("TopK", _sort_key(g, flat), g.ints([k]), axis=0, largest=0, sorted=1, outputs=2)
+    last = g.op("Slice", indices, g.ints([k - 1]), g.ints([k]))
+    result = g.op("Reshape", g.op("Gather", flat, last, axis=0), g.ints([]))
+    if is_float(x.dtype):
+        any_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", g.op("IsNaN", flat), to=TORCH_TO_ONNX[torch.uint8]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
+        result = g.op("Where", any_nan, g.const(float("nan"), x.dtype), result)
+    return result

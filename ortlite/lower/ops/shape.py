@@ -231,6 +231,27 @@ def diagonal(g, node, x, offset=0, dim1=0, dim2=1):
     return g.op("Gather", flat, g.ints(flat_index), axis=-1)
 
 
+@lower(aten.diagonal_scatter.default)
+def diagonal_scatter(g, node, x, src, offset=0, dim1=0, dim2=1):
+    # the diagonal as flat positions of the (dim1, dim2) plane, moved last (as in diagonal)
+    d1, d2 = norm_dim(dim1, x.rank), norm_dim(dim2, x.rank)
+    rest = [d for d in range(x.rank) if d not in (d1, d2)]
+    rows, cols = x.shape[d1], x.shape[d2]
+    n = src.shape[-1]
+    if n == 0:
+        return g.op("Identity", x)
+    perm = rest + [d1, d2]
+    moved = g.op("Transpose", x, perm=perm)
+    lead = [x.shape[d] for d in rest]
+    flat = g.op("Reshape", moved, g.ints(lead + [rows * cols]))
+    first_row, first_col = max(-offset, 0), max(offset, 0)
+    positions = torch.tensor([(first_row + i) * cols + first_col + i for i in range(n)], dtype=torch.int64)
+    index = g.op("Expand", g.const(positions.view([1] * len(lead) + [n])), g.ints(lead + [n]))
+    written = g.op("ScatterElements", flat, index, g.cast(src, x.dtype), axis=len(lead))
+    back = g.op("Reshape", written, g.ints(lead + [rows, cols]))
+    return g.op("Transpose", back, perm=[perm.index(d) for d in range(x.rank)])
+
+
 def _scatter_along(g, x, src, dim, indices):
     """x with src written at `indices` (a list) along dim; src holds len(indices) there."""
     if not indices:
