@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import itertools
 import json
 import os
 import statistics
@@ -139,6 +140,9 @@ def as_module(fn):
     return fn if isinstance(fn, torch.nn.Module) else _Wrap(fn)
 
 
+_own_code_ids = itertools.count()
+
+
 def own_code(fn):
     """fn behind a function with a code object of its own. Dynamo keeps compiled entries
     per code object and checks them in turn: candidates compiled from one function would
@@ -147,7 +151,11 @@ def own_code(fn):
     def call(*args):
         return fn(*args)
 
-    return types.FunctionType(call.__code__.replace(), call.__globals__, "call", None, call.__closure__)
+    # A distinct name too: Dynamo's automatic-dynamic state is keyed by file, line and name,
+    # and sizes seen by one candidate must not make another's graph dynamic.
+    name = f"call_{next(_own_code_ids)}"
+    code = call.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, call.__globals__, name, None, call.__closure__)
 
 
 def per_call_us(fn, iters, sync):

@@ -114,3 +114,25 @@ def test_training_step_gradients_match_eager(family):
             continue
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{family} {name}: {m}")
     assert backend.stats.graphs >= 2  # forward and backward in ONNX Runtime (see the note on what falls back)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert", "vit"])
+def test_aot_compile_of_a_model_family(family):
+    """torch.export adds metadata assertions (aten._assert_tensor_metadata) ortlite.compile
+    must accept; the whole model runs in ONNX Runtime."""
+    make, inputs = FAMILIES[family]
+    torch.manual_seed(0)
+    model = make().eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return hidden(self.model(x))
+
+    (x,) = inputs(2, 8).values()
+    compiled = ortlite.compile(Hidden(), (x.clone(),))
+    with torch.no_grad():
+        assert_same(compiled(x), Hidden()(x), rtol=1e-4, atol=1e-4)

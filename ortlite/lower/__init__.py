@@ -164,6 +164,8 @@ def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
     result = LOWERINGS[node.target].fn(g, node, *args, **kwargs)
     val = meta(node)
+    if val is None:  # an assertion node: no value
+        return None
     if isinstance(val, (int, torch.SymInt)):
         return Value(result, torch.int64, ())
     if isinstance(val, (tuple, list)):

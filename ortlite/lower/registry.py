@@ -73,12 +73,17 @@ def is_symbolic(node: torch.fx.Node) -> bool:
     return any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in values)
 
 
+def _returns_nothing(target) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and not schema.returns
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when ortlite can lower this node exactly; else why not."""
     lowering = LOWERINGS.get(node.target)
     if lowering is None:
         return "no lowering"
-    if "val" not in node.meta:
+    if "val" not in node.meta and not _returns_nothing(node.target):
         return "no meta value"
     devices = set()
     for t in node_tensors(node):

@@ -298,3 +298,10 @@ def unfold(g, node, x, dimension, size, step):
     # Gather puts (windows, size) at dim; aten puts the window elements last
     perm = list(range(dim + 1)) + list(range(dim + 2, x.rank + 1)) + [dim + 1]
     return g.op("Transpose", gathered, perm=perm)
+
+
+@lower(aten._assert_tensor_metadata.default, symbolic=True)
+def assert_tensor_metadata(g, node, *args, **kwargs):
+    """torch.export's check that a tensor has the metadata tracing saw: true by construction
+    of the lowered graph (its inputs are checked by the runner). Nothing to compute."""
+    return None
