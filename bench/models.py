@@ -22,6 +22,10 @@ import ortlite  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from overhead import own_code  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+from torch._functorch.aot_autograd import make_boxed_func  # noqa: E402
+
+TRACE_ONLY = aot_autograd(fw_compiler=lambda gm, example_inputs: make_boxed_func(gm))
 
 
 def bert():
@@ -105,6 +109,8 @@ def bench_model(make, rounds, iters, with_inductor):
     candidates["ortlite"] = compiled
     notes["ortlite fallback_ops"] = backend.stats.fallback_ops
     notes["ortlite sessions"] = backend.stats.sessions
+    # what any backend pays first: Dynamo + aot_autograd tracing (the graph then runs in torch)
+    first["dynamo+aot floor"], _ = timed_first_call(torch.compile(own_code(model), backend=TRACE_ONLY), args)
 
     try:
         start = time.perf_counter()
