@@ -145,3 +145,24 @@ def test_partition_whose_sizes_are_expressions_of_outer_symbols():
             x = torch.randn(batch, 3, size, size)
             assert_same(compiled(x), fn(x), rtol=1e-3, atol=1e-4)  # cumsum in opaque grows the values
     assert backend.stats.runs >= 6 and "ortlite_test.opaque.default" in backend.stats.fallback_ops
+
+
+def test_slice_and_select_scatter_along_a_symbolic_dim():
+    """The backward of slicing along a sequence dim (e.g. BERT's pooler taking token 0)."""
+
+    def fn(x, s):
+        return (
+            torch.ops.aten.slice_scatter(x, s, 1, 2, None),
+            torch.ops.aten.select_scatter(x, s[:, 0], 1, -1),
+            torch.ops.aten.select_scatter(x, s[:, 0], 1, 0),
+            torch.ops.aten.slice_scatter(x, s[:, :2], 1, -3, -1),
+        )
+
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    sessions = []
+    for n in (5, 7, 9, 11):
+        x, s = torch.randn(3, n), torch.randn(3, n - 2)
+        assert_same(compiled(x, s), fn(x, s))
+        sessions.append(backend.stats.sessions)
+    assert sessions[1] == sessions[-1]  # after Dynamo's recompile, one session serves all

@@ -113,7 +113,7 @@ def test_training_step_gradients_match_eager(family):
             assert p.grad is None or not p.grad.any(), name
             continue
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{family} {name}: {m}")
-    assert backend.stats.graphs >= 2  # forward and backward in ONNX Runtime (see the note on what falls back)
+    assert backend.stats.graphs == 2 and backend.stats.fallback_ops == {}  # forward and backward, whole
 
 
 @pytest.mark.parametrize("family", ["llama", "bert", "vit"])

@@ -168,6 +168,8 @@ def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):
         return None
     if isinstance(val, (int, torch.SymInt)):
         return Value(result, torch.int64, ())
+    if isinstance(val, (float, torch.SymFloat)):
+        return Value(result, torch.float64, ())
     if isinstance(val, (tuple, list)):
         return tuple(
             Value(r, v.dtype, v.shape) if isinstance(v, torch.Tensor) and r is not None else None for r, v in zip(result, val)

@@ -84,6 +84,10 @@ def may_be_zero(size) -> bool:
     return node.shape_env.bound_sympy(node.expr).lower <= 0
 
 
+def may_be_empty(t) -> bool:
+    return any(may_be_zero(d) for d in t.shape)
+
+
 def is_static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
 

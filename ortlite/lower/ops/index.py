@@ -317,7 +317,7 @@ def _embedding_backward_check(node):
     return "scale_grad_by_freq" if scale_grad_by_freq else None
 
 
-@lower(aten.embedding_dense_backward.default, check=_embedding_backward_check)
+@lower(aten.embedding_dense_backward.default, check=_embedding_backward_check, symbolic=True)
 def embedding_dense_backward(g, node, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     dim = grad.shape[-1]
     rows = g.op("Reshape", grad, g.ints([-1, dim]))

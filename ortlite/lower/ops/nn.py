@@ -9,7 +9,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, arg_val, is_float, norm_dim, out_dtype
+from .common import arg_val, aten, is_float, may_be_empty, norm_dim, out_dtype
 
 
 def _float_check(node):
@@ -118,12 +118,14 @@ def _conv_backward_check(node):
     if node.args[7]:
         return "transposed convolution backward"
     x = arg_val(node, 1)
-    if x.dim() not in (3, 4, 5) or x.numel() == 0 or arg_val(node, 0).numel() == 0:
+    if x.dim() not in (3, 4, 5) or may_be_empty(x) or may_be_empty(arg_val(node, 0)):
         return "input rank or empty input"
+    if not all(isinstance(d, int) for d in x.shape[1:]) or not all(isinstance(d, int) for d in arg_val(node, 0).shape[1:]):
+        return "symbolic channel or spatial sizes"  # they set ConvTranspose's output padding
     return None if is_float(x.dtype) else "non-float input"
 
 
-@lower(aten.convolution_backward.default, check=_conv_backward_check)
+@lower(aten.convolution_backward.default, check=_conv_backward_check, symbolic=True)
 def convolution_backward(g, node, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask):
     spatial = x.rank - 2
     stride, padding, dilation = (_spatial_list(v, spatial) for v in (stride, padding, dilation))
@@ -159,8 +161,10 @@ def convolution_backward(g, node, grad, x, weight, bias_sizes, stride, padding, 
 
 def _bn_training_check(node):
     x = arg_val(node, 0)
-    if x.dim() < 2 or x.numel() == 0:
+    if x.dim() < 2 or may_be_empty(x):
         return "input rank or empty input"
+    if not isinstance(x.shape[1], int):
+        return "symbolic channel count"
     return _float_check(node)
 
 
@@ -199,25 +203,30 @@ def _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, 
     m = g.const(float(momentum), running_mean.dtype)
     keep = g.const(1.0 - float(momentum), running_mean.dtype)
     new_mean = g.op("Add", g.op("Mul", keep, running_mean), g.op("Mul", m, g.cast(Value(mean_c, x.dtype, ()), running_mean.dtype)))
-    # the running variance takes the unbiased variance
-    unbiased = g.op("Mul", var_c, g.const(n / (n - 1) if n > 1 else float("inf"), x.dtype))
+    # the running variance takes the unbiased variance: n / (n - 1), inf for one element
+    if isinstance(n, int):
+        correction = g.const(n / (n - 1) if n > 1 else float("inf"), x.dtype)
+    else:
+        count = g.cast(g.sym(n), x.dtype)
+        correction = g.op("Div", count, g.op("Sub", count, g.const(1, x.dtype)))
+    unbiased = g.op("Mul", var_c, correction)
     new_var = g.op("Add", g.op("Mul", keep, running_var), g.op("Mul", m, g.cast(Value(unbiased, x.dtype, ()), running_var.dtype)))
     return y, mean_c, rstd_c, new_mean, new_var
 
 
-@lower(aten._native_batch_norm_legit_functional.default, check=_bn_training_check)
+@lower(aten._native_batch_norm_legit_functional.default, check=_bn_training_check, symbolic=True)
 def batch_norm_legit_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lower(aten._batch_norm_with_update_functional.default, check=_bn_training_check)
+@lower(aten._batch_norm_with_update_functional.default, check=_bn_training_check, symbolic=True)
 def batch_norm_with_update_functional(g, node, x, weight, bias, running_mean, running_var, momentum, eps):
     y, mean, rstd, new_mean, new_var = _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, True, momentum, eps)
     reserve = node.meta["val"][3]
     return y, mean, rstd, g.op("Expand", g.const(0, reserve.dtype), g.ints(tuple(reserve.shape))), new_mean, new_var
 
 
-@lower(aten._native_batch_norm_legit.no_stats, check=_bn_training_check)
+@lower(aten._native_batch_norm_legit.no_stats, check=_bn_training_check, symbolic=True)
 def batch_norm_no_stats(g, node, x, weight, bias, training, momentum, eps):
     mean, var, centered, rstd = _batch_stats(g, x, float(eps))
     y = _affine(g, x, g.op("Mul", centered, rstd), weight, bias)

@@ -95,10 +95,18 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
 
 def _max_pool_backward_check(node):
     x = arg_val(node, 1)
+    spatial = 2 if node.target is aten.max_pool2d_with_indices_backward.default else 3
+    if not is_static(x.shape[-spatial:]):
+        return "symbolic spatial sizes"
     return None if is_float(x.dtype) else "non-float input"
 
 
-@lower(aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default, check=_max_pool_backward_check)
+@lower(
+    aten.max_pool2d_with_indices_backward.default,
+    aten.max_pool3d_with_indices_backward.default,
+    check=_max_pool_backward_check,
+    symbolic=True,
+)
 def max_pool_backward(g, node, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
     # each output's gradient goes to the input element its index names, summed
     spatial = 2 if node.target is aten.max_pool2d_with_indices_backward.default else 3

@@ -272,18 +272,44 @@ def _scatter_along(g, x, src, dim, indices):
     return g.op("ScatterElements", x, g.op("Expand", index, g.ints(src_shape)), src, axis=dim)
 
 
-@lower(aten.slice_scatter.default)
+def _scatter_position_check(node):
+    """Positions must be ints; along a symbolic dim only unit steps (written as slices)."""
+    x = node.args[0].meta["val"]
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    bounds = list(node.args[3:]) if node.target == aten.select_scatter.default else list(node.args[3:6])
+    if not all(b is None or isinstance(b, int) for b in bounds):
+        return "scatter at a symbolic position"
+    step = bounds[2] if node.target == aten.slice_scatter.default and len(bounds) > 2 else 1
+    if not isinstance(x.shape[norm_dim(dim, x.dim())], int) and step not in (None, 1):
+        return "strided scatter along a symbolic dim"
+    return None
+
+
+def _splice(g, x, src, dim, start, end):
+    """x with x[start:end] along dim replaced by src (unit step; Python's negative and
+    out-of-range bounds, as ONNX Slice reads them): three slices concatenated."""
+    head = g.op("Slice", x, g.ints([0]), g.ints([start]), g.ints([dim]))
+    tail = g.op("Slice", x, g.ints([end]), g.ints([INT64_MAX]), g.ints([dim]))
+    return g.op("Concat", head, src, tail, axis=dim)
+
+
+@lower(aten.slice_scatter.default, check=_scatter_position_check, symbolic=True)
 def slice_scatter(g, node, x, src, dim=0, start=None, end=None, step=1):
     dim = norm_dim(dim, x.rank)
+    src = g.cast(src, x.dtype)
+    if not isinstance(x.shape[dim], int):
+        return _splice(g, x, src, dim, 0 if start is None else start, INT64_MAX if end is None else end)
     indices = list(_slice_bounds(x.shape[dim], start, end, step))
-    return _scatter_along(g, x, g.cast(src, x.dtype), dim, indices)
+    return _scatter_along(g, x, src, dim, indices)
 
 
-@lower(aten.select_scatter.default)
+@lower(aten.select_scatter.default, check=_scatter_position_check, symbolic=True)
 def select_scatter(g, node, x, src, dim, index):
     dim = norm_dim(dim, x.rank)
-    index = index + x.shape[dim] if index < 0 else index
     src = g.op("Unsqueeze", g.cast(src, x.dtype), g.ints([dim]))
+    if not isinstance(x.shape[dim], int):
+        return _splice(g, x, src, dim, index, INT64_MAX if index == -1 else index + 1)
+    index = index + x.shape[dim] if index < 0 else index
     return _scatter_along(g, x, src, dim, [index])
 
 
