@@ -500,3 +500,45 @@ def test_sort_and_topk_values():
     check_lowered(lambda x: torch.sort(x, stable=True), torch.tensor(2.0))
     check_lowered(lambda x: torch.sort(x, stable=True), f32(0))
     check_fallback(lambda x: torch.sort(x.double(), stable=True), x, op="aten.sort.stable")
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample(mode, padding_mode, align_corners):
+    grid = torch.rand(2, 4, 6, 2) * 2.4 - 1.2
+    grid[0, 0, :5, 0] = torch.tensor([-0.75, -0.25, 0.25, 0.75, -1.0])  # half-way points for nearest
+    grid[1, 1, 1] = float("nan")
+    check_lowered(lambda x, g: F.grid_sample(x, g, mode, padding_mode, align_corners), f32(2, 3, 5, 5), grid)
+    if mode != "bicubic":
+        grid3 = torch.rand(1, 3, 4, 2, 3) * 2.4 - 1.2
+        check_lowered(lambda x, g: F.grid_sample(x, g, mode, padding_mode, align_corners), f32(1, 2, 4, 5, 3), grid3)
+
+
+def test_more_elementwise_and_cumulative():
+    a, b = SPECIAL.repeat(len(SPECIAL)), SPECIAL.repeat_interleave(len(SPECIAL))
+    check_lowered(lambda a, b: torch.hypot(a, b), a, b)
+    check_lowered(lambda a, b: torch.hypot(a, b), torch.tensor([3e30, 1e-30, 0.0]), torch.tensor([4e30, 1e-30, 0.0]))
+    check_lowered(lambda x: (torch.angle(x), torch.dist(x, x.flip(0)), torch.dist(x, torch.zeros(()), 1)), SPECIAL)
+    check_lowered(lambda a, b: (torch.dist(a, b, 3), torch.dist(a, b, float("inf")), torch.dist(a, b, 0)), f32(3, 4), f32(4))
+    x = torch.tensor([[1.0, float("nan"), 3.0, float("nan"), 2.0, 5.0], [2.0, 2.0, 1.0, 1.0, 3.0, 3.0]])
+    check_lowered(lambda x: (torch.cummax(x, 1), torch.cummin(x, 1), torch.cummax(x, 0)), x)
+    check_lowered(lambda x: (torch.cummax(x, 0), torch.cummin(x, -1)), ints(5, 4, lo=0, hi=3))
+    check_lowered(lambda x: (torch.logcumsumexp(x, 1), torch.logcumsumexp(x, 0)), torch.cat([x, torch.full((1, 6), -float("inf"))]))
+    check_lowered(lambda x: torch.logcumsumexp(x, -1), f32(3, 7) * 30)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (2, 3), (3, 5)])
+def test_adaptive_max_pool_values(size):
+    x = f32(2, 3, 8, 10)
+    x[0, 0, 0, 0] = float("nan")
+    check_lowered(lambda x: F.adaptive_max_pool2d(x, size), x)
+    check_lowered(lambda x: F.adaptive_max_pool1d(x, size[1]), f32(2, 3, 10))
+    check_lowered(lambda x: F.adaptive_max_pool3d(x, (2,) + size), f32(1, 2, 4, 8, 10))
+    check_fallback(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), x, op="aten.adaptive_max_pool2d.default")
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_antialiased_upsample(mode):
+    check_lowered(lambda x: F.interpolate(x, size=(3, 7), mode=mode, antialias=True), f32(2, 3, 8, 5))
+    check_lowered(lambda x: F.interpolate(x, scale_factor=0.4, mode=mode, antialias=True, align_corners=True), f32(1, 2, 9, 10))

@@ -544,3 +544,25 @@ def copysign(g, node, x, sign):
     else:
         negative = g.const(math.copysign(1.0, sign) < 0)
     return g.op("Where", negative, g.op("Neg", magnitude), magnitude)
+
+
+@lower(aten.hypot.default, check=_float_only)
+def hypot(g, node, a, b):
+    # max * sqrt(1 + (min / max)^2): no overflow where a^2 would; inf wins over NaN
+    dtype = out_dtype(node)
+    a, b = as_value(g, a, dtype), as_value(g, b, dtype)
+    ax, ay = g.op("Abs", a), g.op("Abs", b)
+    big, small = g.op("Max", ax, ay), g.op("Min", ax, ay)
+    ratio = g.op("Div", small, big)
+    result = g.op("Mul", big, g.op("Sqrt", g.op("Add", g.const(1, dtype), g.op("Mul", ratio, ratio))))
+    result = g.op("Where", g.op("Equal", big, g.const(0, dtype)), g.const(0, dtype), result)
+    return g.op("Where", g.op("Or", g.op("IsInf", a), g.op("IsInf", b)), g.const(float("inf"), dtype), result)
+
+
+@lower(aten.angle.default)
+def angle(g, node, x):
+    # of a real number: pi for negatives, 0 otherwise, NaN for NaN
+    dtype = out_dtype(node)
+    x = g.cast(x, dtype)
+    result = g.op("Where", g.op("Less", x, g.const(0, dtype)), g.const(math.pi, dtype), g.const(0, dtype))
+    return g.op("Where", g.op("IsNaN", x), x, result)
