@@ -542,3 +542,33 @@ def test_adaptive_max_pool_values(size):
 def test_antialiased_upsample(mode):
     check_lowered(lambda x: F.interpolate(x, size=(3, 7), mode=mode, antialias=True), f32(2, 3, 8, 5))
     check_lowered(lambda x: F.interpolate(x, scale_factor=0.4, mode=mode, antialias=True, align_corners=True), f32(1, 2, 9, 10))
+
+
+# -- special functions -----------------------------------------------------------------
+
+SPECIAL_ARGS = torch.cat(
+    [
+        SPECIAL,
+        torch.tensor([1.0, 2.0, -1.0, -2.0, 0.5, -0.5, 1.4616321, 1e-6, -3.7, 9.99, 10.0, 10.5, 30.0, 150.0, 1e10, -1e10 + 0.5]),
+        torch.linspace(-12, 12, 97),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [torch.i0, torch.special.i0e, torch.special.i1, torch.special.i1e, torch.lgamma, torch.digamma, torch.erfinv]
+    + [lambda x, n=n: torch.polygamma(n, x) for n in range(5)]
+    + [lambda x: torch.mvlgamma(x.abs() + 2, 3)],
+)
+def test_special_functions(op):
+    check_lowered(lambda x: op(x), SPECIAL_ARGS, rtol=1e-4, atol=1e-5)
+    check_lowered(lambda x: op(x), torch.linspace(-0.999, 0.999, 41))
+    check_lowered(lambda x: op(x), f32(0, 3))
+
+
+def test_zeta():
+    x = torch.tensor([1.0, 0.5, 2.0, 3.0, 4.5, 2.0, 3.0, 2.0, 7.0, float("nan"), 2.0])
+    q = torch.tensor([1.0, 1.0, 0.5, -2.0, 3.0, -1.5, -1.5, 20.0, 1e-3, 1.0, float("inf")])
+    check_lowered(lambda x, q: (torch.special.zeta(x, q), torch.special.zeta(x, 2.5), torch.special.zeta(3.0, q)), x, q)
+    check_lowered(lambda x, q: torch.special.zeta(x, q), torch.rand(20) * 6 + 1.01, torch.rand(20) * 10 - 2)
