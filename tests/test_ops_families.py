@@ -558,6 +558,7 @@ SPECIAL_ARGS = torch.cat(
 @pytest.mark.parametrize(
     "op",
     [torch.i0, torch.special.i0e, torch.special.i1, torch.special.i1e, torch.lgamma, torch.digamma, torch.erfinv]
+    + [torch.special.modified_bessel_i0, torch.special.modified_bessel_i1, torch.special.spherical_bessel_j0]
     + [lambda x, n=n: torch.polygamma(n, x) for n in range(5)]
     + [lambda x: torch.mvlgamma(x.abs() + 2, 3)],
 )

@@ -147,7 +147,8 @@ def _bessel(g, x, small, large, times_x: bool, scaled: bool):
     return result
 
 
-@lower(aten.i0.default, check=_float_check)
+# aten's special_modified_bessel_i0/i1 are the same functions by another Cephes series
+@lower(aten.i0.default, aten.special_modified_bessel_i0.default, check=_float_check)
 def i0(g, node, x):
     return _finish(g, node, _bessel(g, _input(g, x), I0E_A, I0E_B, False, False))
 
@@ -157,7 +158,7 @@ def i0e(g, node, x):
     return _finish(g, node, _bessel(g, _input(g, x), I0E_A, I0E_B, False, True))
 
 
-@lower(aten.special_i1.default, check=_float_check)
+@lower(aten.special_i1.default, aten.special_modified_bessel_i1.default, check=_float_check)
 def i1(g, node, x):
     return _finish(g, node, _bessel(g, _input(g, x), I1E_A, I1E_B, True, False))
 
@@ -165,6 +166,15 @@ def i1(g, node, x):
 @lower(aten.special_i1e.default, check=_float_check)
 def i1e(g, node, x):
     return _finish(g, node, _bessel(g, _input(g, x), I1E_A, I1E_B, True, True))
+
+
+@lower(aten.special_spherical_bessel_j0.default, check=_float_check)
+def spherical_bessel_j0(g, node, x):
+    # sin(x) / x, 1 at 0, 0 at +-inf
+    m = Math(g)
+    x = _input(g, x)
+    result = m.where(m.op("Equal", x, m.c(0)), m.c(1), m.div(m.op("Sin", x), x))
+    return _finish(g, node, m.where(m.op("IsInf", x), m.c(0), result))
 
 
 # -- gamma and its derivatives ---------------------------------------------------------
