@@ -2,6 +2,8 @@
 empty, broadcast, negative dims, non-contiguous, integer and bool where the op takes them,
 NaN and infinities where they matter."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -573,3 +575,50 @@ def test_zeta():
     q = torch.tensor([1.0, 1.0, 0.5, -2.0, 3.0, -1.5, -1.5, 20.0, 1e-3, 1.0, float("inf")])
     check_lowered(lambda x, q: (torch.special.zeta(x, q), torch.special.zeta(x, 2.5), torch.special.zeta(3.0, q)), x, q)
     check_lowered(lambda x, q: torch.special.zeta(x, q), torch.rand(20) * 6 + 1.01, torch.rand(20) * 10 - 2)
+
+
+# -- searching, counting, distances ----------------------------------------------------
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_and_bucketize(right):
+    seq = torch.tensor([-1.0, 0.0, 0.0, 2.5, 3.0, float("inf"), float("nan")])
+    values = torch.cat([seq, torch.tensor([-5.0, 1.0, 2.5, 100.0, -float("inf")])]).view(3, 4)
+    check_lowered(lambda s, v: (torch.searchsorted(s, v, right=right), torch.bucketize(v, s, right=right, out_int32=True)), seq, values)
+    check_lowered(lambda s: torch.searchsorted(s, 2.5, right=right), seq)
+    batched = torch.sort(f32(3, 6), dim=-1, stable=True).values
+    check_lowered(lambda s, v: torch.searchsorted(s, v, side="right" if right else "left"), batched, f32(3, 4))
+    unsorted = f32(9)  # any input gives aten's binary-search answer
+    check_lowered(lambda s, v: torch.searchsorted(s, v, right=right), unsorted, f32(10))
+    check_lowered(lambda s, v, o: torch.searchsorted(s, v, sorter=o), unsorted, f32(10), torch.argsort(unsorted))
+    check_lowered(lambda s, v: torch.searchsorted(s, v), ints(8, lo=0, hi=4).sort().values, ints(5))
+
+
+def test_put_nonzero_static_repeat_interleave():
+    x = f32(3, 4)
+    check_lowered(lambda x, s: (x.put(torch.tensor([0, -1, 5]), s), x.put(torch.tensor([1, 1, 2]), s, accumulate=True)), x, f32(3))
+    check_lowered(lambda x: x.put(torch.tensor([0, 0]), torch.tensor([True, False]), accumulate=True), bools(2, 2))
+    check_lowered(lambda x: x.put(torch.tensor(0), torch.tensor(5.0)), torch.tensor(1.0))
+    y = f32(3, 4)
+    y[y > 0.5] = 0
+    y[1, 2] = float("nan")
+    check_lowered(lambda y: (torch.nonzero_static(y, size=20), torch.nonzero_static(y, size=3, fill_value=7)), y)
+    check_lowered(lambda y: torch.nonzero_static(y, size=4), f32(0, 3))
+    check_lowered(lambda y: torch.nonzero_static(y, size=2), torch.tensor(1.5))
+    check_lowered(lambda r: torch.repeat_interleave(r, output_size=7), torch.tensor([2, 0, 3, 2]))
+
+
+def test_frexp():
+    x = torch.cat([SPECIAL, torch.tensor([1e-40, -3e-39, 1.0, 2.0, 0.5, 0.75, 3.4e38, 2**-126, 1 - 2**-24])])
+    check_lowered(lambda x: torch.frexp(x), x, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, float("inf")])
+def test_distances(p):
+    a, b = f32(4, 5), f32(2, 6, 5)
+    a[1, 2] = float("nan")
+    a[2] = b[0, 3]  # an exact zero distance
+    if not math.isinf(p):
+        check_lowered(lambda a, b: torch.cdist(a, b, p), a, b)
+    check_lowered(lambda a: torch.pdist(a, p), a)
+    check_lowered(lambda a, b, c: F.bilinear(a, b, c.weight, c.bias), f32(3, 4), f32(3, 5), torch.nn.Bilinear(4, 5, 6))

@@ -566,3 +566,26 @@ def angle(g, node, x):
     x = g.cast(x, dtype)
     result = g.op("Where", g.op("Less", x, g.const(0, dtype)), g.const(math.pi, dtype), g.const(0, dtype))
     return g.op("Where", g.op("IsNaN", x), x, result)
+
+
+@lower(aten.frexp.Tensor, check=_float_only)
+def frexp(g, node, x):
+    # x = mantissa * 2**exponent, |mantissa| in [0.5, 1); 0, inf and NaN keep x with exponent 0.
+    # In float64 a guess from log2 is off by at most one: checked against the mantissa.
+    f64 = torch.float64
+    wide = g.cast(x, f64)
+    magnitude = g.op("Abs", wide)
+    exponent = g.op("Add", g.op("Floor", g.op("Div", g.op("Log", magnitude), g.const(math.log(2), f64))), g.const(1.0, f64))
+    finite = g.op("And", g.op("Not", g.op("IsInf", wide)), g.op("Not", g.op("IsNaN", wide)))
+    special = g.op("Or", g.op("Not", finite), g.op("Equal", wide, g.const(0.0, f64)))
+    exponent = g.op("Where", special, g.const(0.0, f64), exponent)
+    for _ in range(2):
+        m = g.op("Div", magnitude, g.op("Pow", g.const(2.0, f64), exponent))
+        too_big = g.op("And", g.op("GreaterOrEqual", m, g.const(1.0, f64)), g.op("Not", special))
+        exponent = g.op("Add", exponent, g.op("Cast", too_big, to=TORCH_TO_ONNX[f64]))
+        m = g.op("Div", magnitude, g.op("Pow", g.const(2.0, f64), exponent))
+        too_small = g.op("And", g.op("Less", m, g.const(0.5, f64)), g.op("Not", special))
+        exponent = g.op("Sub", exponent, g.op("Cast", too_small, to=TORCH_TO_ONNX[f64]))
+    mantissa = g.op("Div", wide, g.op("Pow", g.const(2.0, f64), exponent))
+    mantissa_dtype, exponent_dtype = (v.dtype for v in node.meta["val"])
+    return g.op("Cast", mantissa, to=TORCH_TO_ONNX[mantissa_dtype]), g.op("Cast", exponent, to=TORCH_TO_ONNX[exponent_dtype])
