@@ -561,6 +561,9 @@ SPECIAL_ARGS = torch.cat(
     "op",
     [torch.i0, torch.special.i0e, torch.special.i1, torch.special.i1e, torch.lgamma, torch.digamma, torch.erfinv]
     + [torch.special.modified_bessel_i0, torch.special.modified_bessel_i1, torch.special.spherical_bessel_j0]
+    + [torch.special.bessel_j0, torch.special.bessel_j1, torch.special.bessel_y0, torch.special.bessel_y1]
+    + [torch.special.modified_bessel_k0, torch.special.modified_bessel_k1]
+    + [torch.special.scaled_modified_bessel_k0, torch.special.scaled_modified_bessel_k1]
     + [lambda x, n=n: torch.polygamma(n, x) for n in range(5)]
     + [lambda x: torch.mvlgamma(x.abs() + 2, 3)],
 )

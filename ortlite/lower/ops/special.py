@@ -341,3 +341,102 @@ def erfinv(g, node, y):
     x = op("Where", op("Equal", y_abs, c(1)), op("Where", op("Less", y, c(0)), c(float("-inf")), c(float("inf"))), x)
     x = op("Where", op("Greater", y_abs, c(1)), c(float("nan")), x)
     return g.cast(Value(x, dtype, ()), out_dtype(node))
+
+
+# -- Bessel functions of the first and second kind, modified of the second kind --------
+
+from . import cephes  # noqa: E402
+
+QUARTER_PI, THREE_QUARTER_PI = 0.785398163397448309615660845819875721, 2.356194490192344928846982537459627163
+SQRT_2_OVER_PI = 0.797884560802865355879892119868763737
+TWO_OVER_PI = 0.636619772367581343075535053490057448
+
+
+def _asymptotic(m, x, table, shift, first_kind: bool, dtype):
+    """aten's large-x form: (P cos + / - 5/x Q sin)(x - shift) * sqrt(2/pi) / sqrt(x).
+    x - shift is taken in the input's precision, as aten does: for large x its rounding
+    decides the phase."""
+    g = m.g
+    z = m.div(m.c(25), m.mul(x, x))
+    p = m.div(m.polevl(z, table["PP"]), m.polevl(z, table["PQ"]))
+    q = m.div(m.polevl(z, table["QP"]), m.polevl(z, table["QQ"]))
+    narrow = g.cast(Value(x, F64, ()), dtype)
+    angle = g.cast(Value(g.op("Sub", narrow, g.const(shift, dtype)), dtype, ()), F64)
+    five_q = m.mul(m.div(m.c(5), x), q)
+    if first_kind:
+        wave = m.sub(m.mul(p, m.op("Cos", angle)), m.mul(five_q, m.op("Sin", angle)))
+    else:
+        wave = m.add(m.mul(p, m.op("Sin", angle)), m.mul(five_q, m.op("Cos", angle)))
+    return m.div(m.mul(wave, m.c(SQRT_2_OVER_PI)), m.op("Sqrt", x))
+
+
+def _j0(g, x, dtype):
+    m, t = Math(g), cephes.BESSEL_J0
+    x = m.op("Abs", x)
+    xx = m.mul(x, x)
+    near = m.div(m.mul(m.mul(m.sub(xx, m.c(5.78318596294678452118e00)), m.sub(xx, m.c(3.04712623436620863991e01))), m.polevl(xx, t["RP"])), m.polevl(xx, t["RQ"]))
+    near = m.where(m.op("Less", x, m.c(1e-5)), m.sub(m.c(1), m.div(xx, m.c(4))), near)
+    return m.where(m.op("LessOrEqual", x, m.c(5)), near, _asymptotic(m, x, t, QUARTER_PI, True, dtype))
+
+
+def _j1(g, x, dtype):
+    m, t = Math(g), cephes.BESSEL_J1
+    ax = m.op("Abs", x)
+    xx = m.mul(ax, ax)
+    near = m.mul(m.mul(m.mul(m.div(m.polevl(xx, t["RP"]), m.polevl(xx, t["RQ"])), ax), m.sub(xx, m.c(1.46819706421238932572e01))), m.sub(xx, m.c(4.92184563216946036703e01)))
+    result = m.where(m.op("LessOrEqual", ax, m.c(5)), near, _asymptotic(m, ax, t, THREE_QUARTER_PI, True, dtype))
+    return m.where(m.op("Less", x, m.c(0)), m.op("Neg", result), result)  # odd
+
+
+def _y(g, x, order: int, dtype):
+    m = Math(g)
+    t = cephes.BESSEL_Y0 if order == 0 else cephes.BESSEL_Y1
+    xx = m.mul(x, x)
+    ratio = m.div(m.polevl(xx, t["YP"]), m.polevl(xx, t["YQ"]))
+    if order == 0:
+        near = m.add(ratio, m.mul(m.mul(m.c(TWO_OVER_PI), m.op("Log", x)), _j0(g, x, dtype)))
+    else:
+        near = m.add(m.mul(x, ratio), m.mul(m.c(TWO_OVER_PI), m.sub(m.mul(_j1(g, x, dtype), m.op("Log", x)), m.div(m.c(1), x))))
+    near = m.where(m.op("Less", x, m.c(0)), m.c(float("nan")), near)
+    near = m.where(m.op("Equal", x, m.c(0)), m.c(float("-inf")), near)
+    far = _asymptotic(m, x, t, QUARTER_PI if order == 0 else THREE_QUARTER_PI, False, dtype)
+    return m.where(m.op("LessOrEqual", x, m.c(5)), near, far)
+
+
+def _k(g, x, order: int, scaled: bool):
+    m = Math(g)
+    t = cephes.MODIFIED_BESSEL_K0 if order == 0 else cephes.MODIFIED_BESSEL_K1
+    half_log = m.op("Log", m.mul(m.c(0.5), x))
+    series = m.chbevl(m.sub(m.mul(x, x), m.c(2)), t["A"])
+    if order == 0:
+        near = m.sub(series, m.mul(half_log, _bessel(g, x, I0E_A, I0E_B, False, False)))
+    else:
+        near = m.add(m.mul(half_log, _bessel(g, x, I1E_A, I1E_B, True, False)), m.div(series, x))
+    far = m.div(m.chbevl(m.sub(m.div(m.c(8), x), m.c(2)), t["B"]), m.op("Sqrt", x))
+    if scaled:
+        near = m.mul(near, m.op("Exp", x))
+    else:
+        far = m.mul(m.op("Exp", m.op("Neg", x)), far)
+    result = m.where(m.op("LessOrEqual", x, m.c(2)), near, far)
+    result = m.where(m.op("Less", x, m.c(0)), m.c(float("nan")), result)
+    return m.where(m.op("Equal", x, m.c(0)), m.c(float("inf")), result)
+
+
+for _target, _fn in [
+    (aten.special_bessel_j0.default, lambda g, x, dtype: _j0(g, x, dtype)),
+    (aten.special_bessel_j1.default, lambda g, x, dtype: _j1(g, x, dtype)),
+    (aten.special_bessel_y0.default, lambda g, x, dtype: _y(g, x, 0, dtype)),
+    (aten.special_bessel_y1.default, lambda g, x, dtype: _y(g, x, 1, dtype)),
+    (aten.special_modified_bessel_k0.default, lambda g, x, dtype: _k(g, x, 0, False)),
+    (aten.special_modified_bessel_k1.default, lambda g, x, dtype: _k(g, x, 1, False)),
+    (aten.special_scaled_modified_bessel_k0.default, lambda g, x, dtype: _k(g, x, 0, True)),
+    (aten.special_scaled_modified_bessel_k1.default, lambda g, x, dtype: _k(g, x, 1, True)),
+]:
+
+    def _make(fn):
+        def lowering(g, node, x):
+            return _finish(g, node, fn(g, _input(g, x), out_dtype(node)))
+
+        return lowering
+
+    lower(_target, check=_float_check)(_make(_fn))
