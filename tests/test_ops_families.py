@@ -2,6 +2,8 @@
 empty, broadcast, negative dims, non-contiguous, integer and bool where the op takes them,
 NaN and infinities where they matter."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -500,3 +502,126 @@ def test_sort_and_topk_values():
     check_lowered(lambda x: torch.sort(x, stable=True), torch.tensor(2.0))
     check_lowered(lambda x: torch.sort(x, stable=True), f32(0))
     check_fallback(lambda x: torch.sort(x.double(), stable=True), x, op="aten.sort.stable")
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample(mode, padding_mode, align_corners):
+    grid = torch.rand(2, 4, 6, 2) * 2.4 - 1.2
+    grid[0, 0, :5, 0] = torch.tensor([-0.75, -0.25, 0.25, 0.75, -1.0])  # half-way points for nearest
+    grid[1, 1, 1] = float("nan")
+    check_lowered(lambda x, g: F.grid_sample(x, g, mode, padding_mode, align_corners), f32(2, 3, 5, 5), grid)
+    if mode != "bicubic":
+        grid3 = torch.rand(1, 3, 4, 2, 3) * 2.4 - 1.2
+        check_lowered(lambda x, g: F.grid_sample(x, g, mode, padding_mode, align_corners), f32(1, 2, 4, 5, 3), grid3)
+
+
+def test_more_elementwise_and_cumulative():
+    a, b = SPECIAL.repeat(len(SPECIAL)), SPECIAL.repeat_interleave(len(SPECIAL))
+    check_lowered(lambda a, b: torch.hypot(a, b), a, b)
+    check_lowered(lambda a, b: torch.hypot(a, b), torch.tensor([3e30, 1e-30, 0.0]), torch.tensor([4e30, 1e-30, 0.0]))
+    check_lowered(lambda x: (torch.angle(x), torch.dist(x, x.flip(0)), torch.dist(x, torch.zeros(()), 1)), SPECIAL)
+    check_lowered(lambda a, b: (torch.dist(a, b, 3), torch.dist(a, b, float("inf")), torch.dist(a, b, 0)), f32(3, 4), f32(4))
+    x = torch.tensor([[1.0, float("nan"), 3.0, float("nan"), 2.0, 5.0], [2.0, 2.0, 1.0, 1.0, 3.0, 3.0]])
+    check_lowered(lambda x: (torch.cummax(x, 1), torch.cummin(x, 1), torch.cummax(x, 0)), x)
+    check_lowered(lambda x: (torch.cummax(x, 0), torch.cummin(x, -1)), ints(5, 4, lo=0, hi=3))
+    check_lowered(lambda x: (torch.logcumsumexp(x, 1), torch.logcumsumexp(x, 0)), torch.cat([x, torch.full((1, 6), -float("inf"))]))
+    check_lowered(lambda x: torch.logcumsumexp(x, -1), f32(3, 7) * 30)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (2, 3), (3, 5)])
+def test_adaptive_max_pool_values(size):
+    x = f32(2, 3, 8, 10)
+    x[0, 0, 0, 0] = float("nan")
+    check_lowered(lambda x: F.adaptive_max_pool2d(x, size), x)
+    check_lowered(lambda x: F.adaptive_max_pool1d(x, size[1]), f32(2, 3, 10))
+    check_lowered(lambda x: F.adaptive_max_pool3d(x, (2,) + size), f32(1, 2, 4, 8, 10))
+    check_fallback(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), x, op="aten.adaptive_max_pool2d.default")
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_antialiased_upsample(mode):
+    check_lowered(lambda x: F.interpolate(x, size=(3, 7), mode=mode, antialias=True), f32(2, 3, 8, 5))
+    check_lowered(lambda x: F.interpolate(x, scale_factor=0.4, mode=mode, antialias=True, align_corners=True), f32(1, 2, 9, 10))
+
+
+# -- special functions -----------------------------------------------------------------
+
+SPECIAL_ARGS = torch.cat(
+    [
+        SPECIAL,
+        torch.tensor([1.0, 2.0, -1.0, -2.0, 0.5, -0.5, 1.4616321, 1e-6, -3.7, 9.99, 10.0, 10.5, 30.0, 150.0, 1e10, -1e10 + 0.5]),
+        torch.linspace(-12, 12, 97),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [torch.i0, torch.special.i0e, torch.special.i1, torch.special.i1e, torch.lgamma, torch.digamma, torch.erfinv]
+    + [torch.special.modified_bessel_i0, torch.special.modified_bessel_i1, torch.special.spherical_bessel_j0]
+    + [torch.special.bessel_j0, torch.special.bessel_j1, torch.special.bessel_y0, torch.special.bessel_y1]
+    + [torch.special.modified_bessel_k0, torch.special.modified_bessel_k1]
+    + [torch.special.scaled_modified_bessel_k0, torch.special.scaled_modified_bessel_k1]
+    + [lambda x, n=n: torch.polygamma(n, x) for n in range(5)]
+    + [lambda x: torch.mvlgamma(x.abs() + 2, 3)],
+)
+def test_special_functions(op):
+    check_lowered(lambda x: op(x), SPECIAL_ARGS, rtol=1e-4, atol=1e-5)
+    check_lowered(lambda x: op(x), torch.linspace(-0.999, 0.999, 41))
+    check_lowered(lambda x: op(x), f32(0, 3))
+
+
+def test_zeta():
+    x = torch.tensor([1.0, 0.5, 2.0, 3.0, 4.5, 2.0, 3.0, 2.0, 7.0, float("nan"), 2.0])
+    q = torch.tensor([1.0, 1.0, 0.5, -2.0, 3.0, -1.5, -1.5, 20.0, 1e-3, 1.0, float("inf")])
+    check_lowered(lambda x, q: (torch.special.zeta(x, q), torch.special.zeta(x, 2.5), torch.special.zeta(3.0, q)), x, q)
+    check_lowered(lambda x, q: torch.special.zeta(x, q), torch.rand(20) * 6 + 1.01, torch.rand(20) * 10 - 2)
+
+
+# -- searching, counting, distances ----------------------------------------------------
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_and_bucketize(right):
+    seq = torch.tensor([-1.0, 0.0, 0.0, 2.5, 3.0, float("inf"), float("nan")])
+    values = torch.cat([seq, torch.tensor([-5.0, 1.0, 2.5, 100.0, -float("inf")])]).view(3, 4)
+    check_lowered(lambda s, v: (torch.searchsorted(s, v, right=right), torch.bucketize(v, s, right=right, out_int32=True)), seq, values)
+    check_lowered(lambda s: torch.searchsorted(s, 2.5, right=right), seq)
+    batched = torch.sort(f32(3, 6), dim=-1, stable=True).values
+    check_lowered(lambda s, v: torch.searchsorted(s, v, side="right" if right else "left"), batched, f32(3, 4))
+    unsorted = f32(9)  # any input gives aten's binary-search answer
+    check_lowered(lambda s, v: torch.searchsorted(s, v, right=right), unsorted, f32(10))
+    check_lowered(lambda s, v, o: torch.searchsorted(s, v, sorter=o), unsorted, f32(10), torch.argsort(unsorted))
+    check_lowered(lambda s, v: torch.searchsorted(s, v), ints(8, lo=0, hi=4).sort().values, ints(5))
+
+
+def test_put_nonzero_static_repeat_interleave():
+    x = f32(3, 4)
+    check_lowered(lambda x, s: (x.put(torch.tensor([0, -1, 5]), s), x.put(torch.tensor([1, 1, 2]), s, accumulate=True)), x, f32(3))
+    check_lowered(lambda x: x.put(torch.tensor([0, 0]), torch.tensor([True, False]), accumulate=True), bools(2, 2))
+    check_lowered(lambda x: x.put(torch.tensor(0), torch.tensor(5.0)), torch.tensor(1.0))
+    y = f32(3, 4)
+    y[y > 0.5] = 0
+    y[1, 2] = float("nan")
+    check_lowered(lambda y: (torch.nonzero_static(y, size=20), torch.nonzero_static(y, size=3, fill_value=7)), y)
+    check_lowered(lambda y: torch.nonzero_static(y, size=4), f32(0, 3))
+    check_lowered(lambda y: torch.nonzero_static(y, size=2), torch.tensor(1.5))
+    check_lowered(lambda r: torch.repeat_interleave(r, output_size=7), torch.tensor([2, 0, 3, 2]))
+
+
+def test_frexp():
+    x = torch.cat([SPECIAL, torch.tensor([1e-40, -3e-39, 1.0, 2.0, 0.5, 0.75, 3.4e38, 2**-126, 1 - 2**-24])])
+    check_lowered(lambda x: torch.frexp(x), x, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, float("inf")])
+def test_distances(p):
+    a, b = f32(4, 5), f32(2, 6, 5)
+    a[1, 2] = float("nan")
+    a[2] = b[0, 3]  # an exact zero distance
+    if not math.isinf(p):
+        check_lowered(lambda a, b: torch.cdist(a, b, p), a, b)
+    check_lowered(lambda a: torch.pdist(a, p), a)
+    check_lowered(lambda a, b, c: F.bilinear(a, b, c.weight, c.bias), f32(3, 4), f32(3, 5), torch.nn.Bilinear(4, 5, 6))

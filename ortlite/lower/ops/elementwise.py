@@ -552,3 +552,48 @@ def copysign(g, node, x, sign):
     else:
         negative = g.const(math.copysign(1.0, sign) < 0)
     return g.op("Where", negative, g.op("Neg", magnitude), magnitude)
+
+
+@lower(aten.hypot.default, check=_float_only)
+def hypot(g, node, a, b):
+    # max * sqrt(1 + (min / max)^2): no overflow where a^2 would; inf wins over NaN
+    dtype = out_dtype(node)
+    a, b = as_value(g, a, dtype), as_value(g, b, dtype)
+    ax, ay = g.op("Abs", a), g.op("Abs", b)
+    big, small = g.op("Max", ax, ay), g.op("Min", ax, ay)
+    ratio = g.op("Div", small, big)
+    result = g.op("Mul", big, g.op("Sqrt", g.op("Add", g.const(1, dtype), g.op("Mul", ratio, ratio))))
+    result = g.op("Where", g.op("Equal", big, g.const(0, dtype)), g.const(0, dtype), result)
+    return g.op("Where", g.op("Or", g.op("IsInf", a), g.op("IsInf", b)), g.const(float("inf"), dtype), result)
+
+
+@lower(aten.angle.default)
+def angle(g, node, x):
+    # of a real number: pi for negatives, 0 otherwise, NaN for NaN
+    dtype = out_dtype(node)
+    x = g.cast(x, dtype)
+    result = g.op("Where", g.op("Less", x, g.const(0, dtype)), g.const(math.pi, dtype), g.const(0, dtype))
+    return g.op("Where", g.op("IsNaN", x), x, result)
+
+
+@lower(aten.frexp.Tensor, check=_float_only)
+def frexp(g, node, x):
+    # x = mantissa * 2**exponent, |mantissa| in [0.5, 1); 0, inf and NaN keep x with exponent 0.
+    # In float64 a guess from log2 is off by at most one: checked against the mantissa.
+    f64 = torch.float64
+    wide = g.cast(x, f64)
+    magnitude = g.op("Abs", wide)
+    exponent = g.op("Add", g.op("Floor", g.op("Div", g.op("Log", magnitude), g.const(math.log(2), f64))), g.const(1.0, f64))
+    finite = g.op("And", g.op("Not", g.op("IsInf", wide)), g.op("Not", g.op("IsNaN", wide)))
+    special = g.op("Or", g.op("Not", finite), g.op("Equal", wide, g.const(0.0, f64)))
+    exponent = g.op("Where", special, g.const(0.0, f64), exponent)
+    for _ in range(2):
+        m = g.op("Div", magnitude, g.op("Pow", g.const(2.0, f64), exponent))
+        too_big = g.op("And", g.op("GreaterOrEqual", m, g.const(1.0, f64)), g.op("Not", special))
+        exponent = g.op("Add", exponent, g.op("Cast", too_big, to=TORCH_TO_ONNX[f64]))
+        m = g.op("Div", magnitude, g.op("Pow", g.const(2.0, f64), exponent))
+        too_small = g.op("And", g.op("Less", m, g.const(0.5, f64)), g.op("Not", special))
+        exponent = g.op("Sub", exponent, g.op("Cast", too_small, to=TORCH_TO_ONNX[f64]))
+    mantissa = g.op("Div", wide, g.op("Pow", g.const(2.0, f64), exponent))
+    mantissa_dtype, exponent_dtype = (v.dtype for v in node.meta["val"])
+    return g.op("Cast", mantissa, to=TORCH_TO_ONNX[mantissa_dtype]), g.op("Cast", exponent, to=TORCH_TO_ONNX[exponent_dtype])

@@ -3,6 +3,8 @@ reductions, masked_scatter, embedding backward."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..builder import TORCH_TO_ONNX, Value
@@ -326,3 +328,116 @@ def embedding_dense_backward(g, node, grad, indices, num_weights, padding_idx, s
         rows = g.op("Where", g.op("Equal", index, g.const(padding_idx, torch.int64)), g.const(0, grad.dtype), rows)
     zeros = g.op("Expand", g.const(0, grad.dtype), g.ints([num_weights, dim]))
     return g.op("ScatterND", zeros, index, rows, reduction="add")
+
+
+# -- searching and counting ------------------------------------------------------------
+
+
+def _searchsorted_check(node):
+    seq = arg_val(node, 0) if node.target in (aten.searchsorted.Tensor, aten.searchsorted.Scalar) else arg_val(node, 1)
+    if seq.dim() == 0:
+        return "0-d boundaries"
+    values = arg_val(node, 1) if node.target in (aten.searchsorted.Tensor, aten.searchsorted.Scalar) else arg_val(node, 0)
+    if seq.dim() > 1 and (not isinstance(values, torch.Tensor) or tuple(values.shape[:-1]) != tuple(seq.shape[:-1])):
+        return "batched boundaries whose leading dims differ from the values'"
+    return None
+
+
+def _binary_search(g, node, seq: Value, values, right: bool, out_int32: bool):
+    """aten's cus_lower_bound / cus_upper_bound, its loop unrolled: the same answer for any
+    input, sorted or not, NaN included."""
+    n = seq.shape[-1]
+    shape = out_shape(node)
+    dtype = torch.promote_types(seq.dtype, values.dtype) if isinstance(values, Value) else seq.dtype
+    seq = g.cast(seq, dtype)
+    values = g.cast(values, dtype) if isinstance(values, Value) else g.const(values, dtype)
+    if seq.rank == 1:  # one sequence for every value: search a flat list of them
+        flat = g.op("Reshape", values, g.ints([-1]))
+        count = math.prod(shape)
+    else:
+        flat, count = values, None
+    index_shape = [count] if seq.rank == 1 else list(shape)
+    start = g.op("Expand", g.const(0, torch.int64), g.ints(index_shape))
+    end = g.op("Expand", g.const(n, torch.int64), g.ints(index_shape))
+    for _ in range(max(n, 1).bit_length()):
+        active = g.op("Less", start, end)
+        mid = g.op("Add", start, g.op("Div", g.op("Sub", end, start), g.const(2, torch.int64)))
+        at = g.op("Min", mid, g.const(max(n - 1, 0), torch.int64))
+        mid_val = g.op("Gather", seq, at, axis=0) if seq.rank == 1 else g.op("GatherElements", seq, at, axis=-1)
+        keeps_going = g.op("Not", g.op("Greater" if right else "GreaterOrEqual", mid_val, flat))
+        go_right = g.op("And", active, keeps_going)
+        go_left = g.op("And", active, g.op("Not", keeps_going))
+        start = g.op("Where", go_right, g.op("Add", mid, g.const(1, torch.int64)), start)
+        end = g.op("Where", go_left, mid, end)
+    result = g.op("Reshape", start, g.ints(shape)) if seq.rank == 1 else start
+    return g.op("Cast", result, to=TORCH_TO_ONNX[torch.int32]) if out_int32 else result
+
+
+@lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar, check=_searchsorted_check)
+def searchsorted(g, node, seq, values, *, out_int32=False, right=False, side=None, sorter=None):
+    if 0 in out_shape(node) or seq.shape[-1] == 0:
+        return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
+    if sorter is not None:  # aten reads the sequence through sorter
+        seq = Value(g.op("GatherElements", seq, g.cast(sorter, torch.int64), axis=-1), seq.dtype, seq.shape)
+    return _binary_search(g, node, seq, values, right or side == "right", out_int32)
+
+
+@lower(aten.bucketize.Tensor, aten.bucketize.Scalar, check=_searchsorted_check)
+def bucketize(g, node, values, boundaries, *, out_int32=False, right=False):
+    if 0 in out_shape(node) or boundaries.shape[-1] == 0:
+        return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
+    return _binary_search(g, node, boundaries, values, right, out_int32)
+
+
+@lower(aten.put.default)
+def put(g, node, x, index, source, accumulate=False):
+    n = math.prod(x.shape)
+    if math.prod(index.shape) == 0:
+        return g.op("Identity", x)
+    flat_index = _wrap_negative(g, Value(g.op("Reshape", index, g.ints([-1])), index.dtype, (-1,)), n)
+    flat = g.op("Reshape", x, g.ints([n]))  # a 0-d x too
+    updates = g.op("Reshape", g.cast(source, x.dtype), g.ints([-1]))
+    if accumulate and x.dtype == torch.bool:  # adding bools is "or": count, then nonzero
+        flat, updates = (g.op("Cast", v, to=TORCH_TO_ONNX[torch.int32]) for v in (flat, updates))
+    written = g.op("ScatterElements", flat, flat_index, updates, axis=0, reduction="add" if accumulate else None)
+    if accumulate and x.dtype == torch.bool:
+        written = g.op("Cast", written, to=TORCH_TO_ONNX[torch.bool])
+    return g.op("Reshape", written, g.ints(x.shape))
+
+
+@lower(aten.nonzero_static.default)
+def nonzero_static(g, node, x, *, size, fill_value=-1):
+    # the k-th nonzero's flat position is the count of positions whose running count of
+    # nonzeros is still <= k
+    n = math.prod(x.shape)
+    shape = out_shape(node)
+    if 0 in shape:
+        return g.op("Expand", g.const(0, torch.int64), g.ints(shape))
+    if n == 0:
+        return g.op("Expand", g.const(fill_value, torch.int64), g.ints(shape))
+    mask = g.op("Cast", g.op("Reshape", g.cast(x, torch.bool), g.ints([1, n])), to=TORCH_TO_ONNX[torch.int64])
+    running = g.op("CumSum", mask, g.const(1, torch.int64))
+    k = g.const(torch.arange(size, dtype=torch.int64).view(size, 1))
+    flat = g.op("ReduceSum", g.op("Cast", g.op("LessOrEqual", running, k), to=TORCH_TO_ONNX[torch.int64]), g.ints([1]), keepdims=1)
+    strides = [math.prod(x.shape[d + 1 :]) for d in range(x.rank)]
+    coords = g.op("Mod", g.op("Div", flat, g.ints(strides)), g.ints(x.shape), fmod=0)  # constant nonzero divisors
+    total = g.op("ReduceSum", mask, keepdims=0)
+    valid = g.op("Less", k, total)
+    return g.op("Where", valid, coords, g.const(fill_value, torch.int64))
+
+
+def _repeat_interleave_check(node):
+    repeats = arg_val(node, 0)
+    return None if repeats.dim() == 1 else "repeats of rank other than 1"
+
+
+@lower(aten.repeat_interleave.Tensor, check=_repeat_interleave_check)
+def repeat_interleave(g, node, repeats, *, output_size=None):
+    # output j holds the i whose repeats end after j: the count of running ends <= j
+    length = out_shape(node)[0]
+    if length == 0:
+        return g.op("Expand", g.const(0, out_dtype(node)), g.ints([0]))
+    ends = g.op("CumSum", g.op("Reshape", g.cast(repeats, torch.int64), g.ints([1, -1])), g.const(1, torch.int64))
+    j = g.const(torch.arange(length, dtype=torch.int64).view(length, 1))
+    counts = g.op("ReduceSum", g.op("Cast", g.op("LessOrEqual", ends, j), to=TORCH_TO_ONNX[torch.int64]), g.ints([1]), keepdims=0)
+    return g.cast(Value(counts, torch.int64, (length,)), out_dtype(node))

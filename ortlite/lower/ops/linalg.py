@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
+import torch
+
+from ..builder import TORCH_TO_ONNX
 from ..registry import lower
-from .common import aten, is_float, may_be_zero, out_dtype, out_shape
+from .common import aten, arg_val, is_float, may_be_zero, out_dtype, out_shape
 
 
 def _empty_inner(a) -> bool:
@@ -71,3 +76,80 @@ def addbmm(g, node, bias, a, b, *, beta=1, alpha=1):
     else:
         product = g.op("ReduceSum", g.op("MatMul", a, b), g.ints([0]), keepdims=0)
     return _scaled_sum(g, node, product, bias, beta, alpha)
+
+
+@lower(aten._trilinear.default)
+def trilinear(g, node, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    # each input gains the dims it lacks, then the product is summed over sumdim
+    parts = []
+    for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        parts.append(g.op("Unsqueeze", x, g.ints(sorted(expand))) if expand else x)
+    product = g.op("Mul", g.op("Mul", parts[0], parts[1]), parts[2])
+    if not sumdim:
+        return product
+    return g.op("ReduceSum", product, g.ints(sorted(sumdim)), keepdims=0)
+
+
+def _uses_mm(node) -> bool:
+    """aten's cdist takes the matmul route for p = 2 with more than 25 rows (or when
+    asked); its cancellation errors are not reproducible: those stay in torch."""
+    x1, x2 = arg_val(node, 0), arg_val(node, 1)
+    p, mode = node.args[2], node.args[3] if len(node.args) > 3 else None
+    if p != 2 or mode == 2:
+        return False
+    return mode == 1 or x1.shape[-2] > 25 or x2.shape[-2] > 25
+
+
+def _cdist_check(node):
+    if _uses_mm(node):
+        return "cdist through matmul (p=2, more than 25 rows)"
+    if not is_float(out_dtype(node)):
+        return "non-float cdist"
+    if math.isinf(node.args[2]):
+        return "inf-norm distances (aten's cdist max ignores some NaN)"
+    return None
+
+
+def _p_distance(g, diff, p, dtype, axis):
+    """(sum |diff|^p)^(1/p) over axis, with aten's p = 0, 1, 2 forms."""
+    absolute = g.op("Abs", diff)
+    if p == 0:  # aten: min(ceil(|d|), 1), so NaN counts as NaN
+        ones = g.op("Min", g.op("Ceil", absolute), g.const(1, dtype))
+        return g.op("ReduceSum", ones, g.ints([axis]), keepdims=0)
+    if math.isinf(p):  # the largest |d|, NaN if any is NaN
+        largest = g.op("ReduceMax", absolute, g.ints([axis]), keepdims=0)
+        nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", g.op("IsNaN", diff), to=TORCH_TO_ONNX[torch.uint8]), g.ints([axis]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
+        return g.op("Where", nan, g.const(float("nan"), dtype), largest)
+    if p == 1:
+        return g.op("ReduceSum", absolute, g.ints([axis]), keepdims=0)
+    if p == 2:
+        return g.op("Sqrt", g.op("ReduceSum", g.op("Mul", diff, diff), g.ints([axis]), keepdims=0))
+    summed = g.op("ReduceSum", g.op("Pow", absolute, g.const(float(p), dtype)), g.ints([axis]), keepdims=0)
+    return g.op("Pow", summed, g.const(1.0 / p, dtype))
+
+
+@lower(aten._cdist_forward.default, check=_cdist_check)
+def cdist(g, node, x1, x2, p, compute_mode=None):
+    shape = out_shape(node)
+    if 0 in shape or x1.shape[-1] == 0:
+        return g.op("Expand", g.const(0, x1.dtype), g.ints(shape))
+    diff = g.op("Sub", g.op("Unsqueeze", x1, g.ints([-2])), g.op("Unsqueeze", x2, g.ints([-3])))
+    return _p_distance(g, diff, p, x1.dtype, -1)
+
+
+def _pdist_check(node):
+    p = node.args[1] if len(node.args) > 1 else 2.0
+    if math.isinf(p) and p < 0:
+        return "-inf-norm distances"
+    return None if is_float(out_dtype(node)) else "non-float pdist"
+
+
+@lower(aten._pdist_forward.default, check=_pdist_check)
+def pdist(g, node, x, p=2.0):
+    n = x.shape[0]
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if not pairs or x.shape[1] == 0:
+        return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
+    first = g.op("Gather", x, g.ints([i for i, _ in pairs]), axis=0)
+    second = g.op("Gather", x, g.ints([j for _, j in pairs]), axis=0)
+    return _p_distance(g, g.op("Sub", first, second), p, x.dtype, 1)

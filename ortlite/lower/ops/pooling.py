@@ -227,11 +227,14 @@ def _adaptive_matrix(size: int, out: int) -> torch.Tensor:
 
 def _adaptive_check(node):
     x = arg_val(node, 0)
-    spatial = 2 if node.target in (aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d_backward.default) else 3
+    spatial = 2 if node.target in (aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d_backward.default, aten.adaptive_max_pool2d.default) else 3
     if node.target is aten._adaptive_avg_pool2d_backward.default:
         x = arg_val(node, 1)
-    if x.dim() not in (spatial + 1, spatial + 2) or x.numel() == 0:
-        return "input rank or empty input"
+    if x.dim() not in (spatial + 1, spatial + 2) or 0 in x.shape[-spatial:]:
+        return "input rank or empty planes"
+    if node.target in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default):
+        if any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users):
+            return "adaptive max-pool indices are used"
     return None if is_float(x.dtype) else "non-float input"
 
 
@@ -252,6 +255,8 @@ def _along_axes(g, x: Value, matrices: list[torch.Tensor]) -> str:
 def adaptive_avg_pool(g, node, x, output_size):
     spatial = len(output_size)
     sizes = x.shape[-spatial:]
+    if 0 in out_shape(node):
+        return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
     if all(s % o == 0 for s, o in zip(sizes, output_size)):
         x4, unbatched = _batched(g, x, spatial)
         kernel = [s // o for s, o in zip(sizes, output_size)]
@@ -263,6 +268,32 @@ def adaptive_avg_pool(g, node, x, output_size):
 def adaptive_avg_pool2d_backward(g, node, grad, x):
     sizes = x.shape[-2:]
     return _along_axes(g, grad, [_adaptive_matrix(s, o).t() for s, o in zip(sizes, grad.shape[-2:])])
+
+
+def _windows(size: int, out: int) -> torch.Tensor:
+    """(out, size) bool: aten's adaptive window of each output."""
+    m = torch.zeros(out, size, dtype=torch.bool)
+    for i in range(out):
+        m[i, (i * size) // out : -((-(i + 1) * size) // out)] = True
+    return m
+
+
+@lower(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default, check=_adaptive_check)
+def adaptive_max_pool(g, node, x, output_size):
+    # a window max is a max over each axis in turn; NaN anywhere in the window wins
+    spatial = len(output_size)
+    if 0 in out_shape(node):
+        return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node))), None
+    nan = Value(g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[x.dtype]), x.dtype, x.shape)
+    result, has_nan = x, nan
+    for i, (size, out) in enumerate(zip(x.shape[-spatial:], output_size)):
+        axis = x.rank - spatial + i
+        window = g.const(_windows(size, out).view([out, size] + [1] * (x.rank - axis - 1)))
+        lowest = g.const(float("-inf"), x.dtype)
+        result = g.op("ReduceMax", g.op("Where", window, g.op("Unsqueeze", result, g.ints([axis])), lowest), g.ints([axis + 1]), keepdims=0)
+        has_nan = g.op("ReduceMax", g.op("Where", window, g.op("Unsqueeze", has_nan, g.ints([axis])), g.const(0, x.dtype)), g.ints([axis + 1]), keepdims=0)
+    values = g.op("Where", g.op("Greater", has_nan, g.const(0, x.dtype)), g.const(float("nan"), x.dtype), result)
+    return values, None
 
 
 # -- upsampling ------------------------------------------------------------------------
@@ -287,21 +318,28 @@ def upsample_nearest2d(g, node, x, output_size, scale_factors):
 
 def _linear_weights(target, x_shape, axis_count: int, axis: int, args) -> torch.Tensor:
     """(out, in) weights of a separable interpolation along one spatial axis, taken from
-    aten's kernel applied to the identity: exactly aten's coefficients."""
+    aten's kernel applied to the identity: exactly aten's coefficients. The other axes get
+    size 2 kept at 2 (an identity; aten's antialiased kernels mishandle size 1)."""
     size = x_shape[-axis_count + axis]
-    eye_shape = [size, 1] + [1] * axis_count
+    eye_shape = [size, 1] + [2] * axis_count
     eye_shape[2 + axis] = size
-    basis = torch.eye(size, dtype=torch.float64).view(eye_shape)
+    basis = torch.eye(size, dtype=torch.float64).view([size, 1] + [size if i == axis else 1 for i in range(axis_count)]).expand(eye_shape)
     output_size, align_corners, scale_factors = args
-    if output_size is not None:
-        sizes = [1] * axis_count
+    sizes = [2] * axis_count
+    if target in (aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default):
         sizes[axis] = output_size[axis]
-        result = target(basis, sizes, align_corners, None)
+        scales = [None, None]
+        scales[axis] = scale_factors[axis] if scale_factors else None
+        result = target(basis.contiguous(), sizes, align_corners, *scales)
+    elif output_size is not None:
+        sizes[axis] = output_size[axis]
+        result = target(basis.contiguous(), sizes, align_corners, None)
     else:
         scales = [1.0] * axis_count
         scales[axis] = scale_factors[axis]
-        result = target(basis, None, align_corners, scales)
-    return result.reshape(size, -1).t().contiguous()  # (out, in)
+        result = target(basis.contiguous(), None, align_corners, scales)
+    index = [slice(None), 0] + [slice(None) if i == axis else 0 for i in range(axis_count)]
+    return result[tuple(index)].t().contiguous()  # (out, in)
 
 
 def _interp_check(node):
@@ -312,6 +350,12 @@ def _interp_check(node):
     if x.dim() != 4 and node.target is not aten.upsample_trilinear3d.vec:
         return "input rank"
     return None
+
+
+@lower(aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default, check=_interp_check)
+def upsample_antialiased(g, node, x, output_size, align_corners, scales_h=None, scales_w=None):
+    scales = (scales_h, scales_w) if scales_h is not None or scales_w is not None else None
+    return upsample_interpolate(g, node, x, output_size, align_corners, scales)
 
 
 @lower(aten.upsample_bilinear2d.vec, aten.upsample_bicubic2d.vec, aten.upsample_trilinear3d.vec, check=_interp_check)
@@ -351,3 +395,37 @@ def pad_mode(g, node, x, pad):
         stops = [ends[d] if ends[d] < 0 else 2**63 - 1 for d in crops]
         result = g.op("Slice", result, g.ints(starts), g.ints(stops), g.ints(crops))
     return result
+
+
+# -- grid sampling ---------------------------------------------------------------------
+
+GRID_MODES = {0: "linear", 1: "nearest", 2: "cubic"}
+GRID_PADDING = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+def _grid_check(node):
+    x = arg_val(node, 0)
+    if not is_float(x.dtype) or x.numel() == 0 or arg_val(node, 1).numel() == 0:
+        return "non-float or empty input"
+    if node.args[2] not in GRID_MODES or node.args[3] not in GRID_PADDING:
+        return "interpolation or padding mode"
+    return None
+
+
+@lower(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, check=_grid_check)
+def grid_sampler(g, node, x, grid, interpolation_mode, padding_mode, align_corners):
+    grid = g.cast(grid, x.dtype)
+    mode, padding = GRID_MODES[interpolation_mode], GRID_PADDING[padding_mode]
+    nan = g.op("IsNaN", grid)
+    if padding != "zeros" and mode != "cubic":
+        # aten clips a NaN coordinate to the first pixel: the grid value that names it
+        sizes = list(reversed(x.shape[2:]))  # grid holds (x, y[, z]): W, H[, D]
+        first = [-1.0 if align_corners else -1.0 + 1.0 / n for n in sizes]
+        grid = g.op("Where", nan, g.const(torch.tensor(first, dtype=x.dtype)), grid)
+    y = g.op("GridSample", x, grid, mode=mode, padding_mode=padding, align_corners=int(align_corners))
+    if padding == "zeros" or mode == "cubic":
+        # a point with a NaN coordinate: NaN, or 0 for nearest with zero padding
+        point_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", nan, to=TORCH_TO_ONNX[torch.uint8]), g.ints([-1]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
+        fill = 0.0 if (mode == "nearest" and padding == "zeros") else float("nan")
+        y = g.op("Where", g.op("Unsqueeze", point_nan, g.ints([1])), g.const(fill, x.dtype), y)
+    return y

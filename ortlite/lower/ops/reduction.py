@@ -8,7 +8,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, is_float, may_be_zero, norm_dims, out_dtype
+from .common import aten, is_float, may_be_zero, norm_dims, out_dtype, where
 
 
 def _reduce(g, node, op_type, x, dims, keepdim):
@@ -215,7 +215,26 @@ def _norm_check(node):
 
 @lower(aten.linalg_vector_norm.default, check=_norm_check)
 def linalg_vector_norm(g, node, x, ord=2, dim=None, keepdim=False, *, dtype=None):
-    x = g.cast(x, out_dtype(node))
+    return _vector_norm(g, node, g.cast(x, out_dtype(node)), ord, dim, keepdim, node.args[0].meta["val"].dim())
+
+
+def _dist_check(node):
+    a, b = node.args[0].meta["val"], node.args[1].meta["val"]
+    p = node.args[2] if len(node.args) > 2 else node.kwargs.get("p", 2)
+    if math.isinf(p) and math.prod(torch.broadcast_shapes(a.shape, b.shape)) == 0:
+        return "inf-norm of nothing"
+    return None if is_float(out_dtype(node)) else "non-float dist"
+
+
+@lower(aten.dist.default, check=_dist_check)
+def dist(g, node, a, b, p=2):
+    dtype = out_dtype(node)
+    diff = g.op("Sub", g.cast(a, dtype), g.cast(b, dtype))
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    return _vector_norm(g, node, Value(diff, dtype, shape), p, None, False, len(shape))
+
+
+def _vector_norm(g, node, x, ord, dim, keepdim, input_rank):
     dims = [dim] if isinstance(dim, int) else dim
     if x.rank == 0:
         x = Value(g.op("Reshape", x, g.ints([1])), x.dtype, (1,))
@@ -234,7 +253,7 @@ def linalg_vector_norm(g, node, x, ord=2, dim=None, keepdim=False, *, dtype=None
     else:
         powered = Value(g.op("Pow", absx, g.const(float(ord), x.dtype)), x.dtype, x.shape)
         result = g.op("Pow", _reduce(g, node, "ReduceSum", powered, dims, keepdim), g.const(1.0 / ord, x.dtype))
-    if node.args[0].meta["val"].dim() == 0 and out_val_shape(node) == ():
+    if input_rank == 0 and out_val_shape(node) == ():
         result = g.op("Reshape", result, g.ints([]))
     return result
 
@@ -288,3 +307,66 @@ def median(g, node, x):
         any_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", g.op("IsNaN", flat), to=TORCH_TO_ONNX[torch.uint8]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
         result = g.op("Where", any_nan, g.const(float("nan"), x.dtype), result)
     return result
+
+
+SPREAD_MAX = 256  # cumulative ops as reductions over a triangular (n, n) spread: bounded n
+
+
+def _spread_check(node):
+    x = node.args[0].meta["val"]
+    if x.dim() and x.shape[norm_dims(node.args[1], x.dim())[0]] > SPREAD_MAX:
+        return f"cumulative op over more than {SPREAD_MAX} elements"
+    return None
+
+
+def _spread(g, x: Value, axis: int, fill):
+    """x spread to (..., n [i], n [j], ...) with x[j] where j <= i and fill elsewhere."""
+    n = x.shape[axis]
+    lower = torch.ones(n, n, dtype=torch.bool).tril().view([n, n] + [1] * (x.rank - axis - 1))
+    return g.op("Where", g.const(lower), g.op("Unsqueeze", x, g.ints([axis])), g.const(fill, x.dtype))
+
+
+@lower(aten.logcumsumexp.default, check=_spread_check)
+def logcumsumexp(g, node, x, dim):
+    x = g.cast(x, out_dtype(node))
+    if x.rank == 0 or 0 in x.shape:
+        return g.op("Identity", x)
+    axis = norm_dims(dim, x.rank)[0]
+    spread = _spread(g, x, axis, float("-inf"))
+    j = g.ints([axis + 1])
+    top = g.op("ReduceMax", spread, j, keepdims=1)
+    top = g.op("Where", g.op("IsInf", top), g.const(0.0, x.dtype), top)  # all -inf (or an inf): no shift
+    total = g.op("ReduceSum", g.op("Exp", g.op("Sub", spread, top)), j, keepdims=1)
+    return g.op("Squeeze", g.op("Add", g.op("Log", total), top), j)
+
+
+def _cummax_check(node):
+    reason = _spread_check(node)
+    if reason:
+        return reason
+    return "cummax of bools" if node.args[0].meta["val"].dtype == torch.bool else None
+
+
+@lower(aten.cummax.default, aten.cummin.default, check=_cummax_check)
+def cummax(g, node, x, dim):
+    largest = node.target is aten.cummax.default
+    if x.rank == 0 or 0 in x.shape:
+        return g.op("Identity", x), g.op("Expand", g.const(0, torch.int64), g.ints(x.shape))
+    axis = norm_dims(dim, x.rank)[0]
+    n = x.shape[axis]
+    info = torch.finfo(x.dtype) if is_float(x.dtype) else torch.iinfo(x.dtype)
+    spread = _spread(g, x, axis, info.min if largest else info.max)
+    j = g.ints([axis + 1])
+    values = g.op("ReduceMax" if largest else "ReduceMin", spread, j, keepdims=1)
+    # aten's index: the last j <= i holding the running max (>= / <= keep moving it);
+    # once a NaN is seen the value is NaN and the index the last NaN
+    position = g.const(torch.arange(n, dtype=torch.int64).view([1, n] + [1] * (x.rank - axis - 1)))
+    lower = g.const(torch.ones(n, n, dtype=torch.bool).tril().view([n, n] + [1] * (x.rank - axis - 1)))
+    hits = g.op("And", lower, g.op("Equal", spread, values))
+    if is_float(x.dtype):
+        is_nan = g.op("And", lower, g.op("IsNaN", g.op("Unsqueeze", x, g.ints([axis]))))
+        any_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", is_nan, to=TORCH_TO_ONNX[torch.uint8]), j, keepdims=1), to=TORCH_TO_ONNX[torch.bool])
+        values = g.op("Where", any_nan, g.const(float("nan"), x.dtype), values)
+        hits = where(g, any_nan, is_nan, hits, torch.bool)
+    index = g.op("ReduceMax", g.op("Where", hits, position, g.const(-1, torch.int64)), j, keepdims=1)
+    return g.op("Squeeze", values, j), g.op("Squeeze", index, j)
