@@ -238,10 +238,9 @@ cdef class Runner:
                 keep_alive = self._bind_validated(b, args)
             if self.sizes_fn is not None:
                 shapes, sizes = self.sizes_fn(args)
-                outs = self._bind_sized_outputs(b, shapes)
             else:
-                sizes = None
-                outs = self._bind_outputs(b)
+                shapes = sizes = None
+            outs = self._bind_outputs(b, shapes)
             try:
                 if self.out_names:  # a graph of size arithmetic alone has nothing for ORT to run
                     b.sess.run_with_iobinding(b.iob, self.run_options)
@@ -271,55 +270,32 @@ cdef class Runner:
                     allocated = b.iob.get_outputs()
                 outs[i] = from_dlpack(allocated.dlpack_at(i))
 
-    cdef list _bind_sized_outputs(self, _Binding b, tuple shapes):
+    cdef list _bind_outputs(self, _Binding b, tuple shapes):
+        """New (or recycled) output tensors, bound. shapes: per output, from the size
+        function (None for a static graph); an output whose shape is None there is left
+        to ORT to allocate (see _take_ort_allocated)."""
         cdef Py_ssize_t i
+        cdef bint static
         cdef list outs = []
         for i in range(len(self.out_names)):
             shape = self.out_shapes[i]
-            if shape is None:
+            static = shape is not None
+            if not static:
                 shape = shapes[i]
-            if shape is None:  # a size no argument gives: ORT allocates, DLPack hands it over
-                b.iob.bind_output(self.out_names[i], self.out_ort_devices[i])
-                outs.append(None)
-                continue
+                if shape is None:
+                    b.iob.bind_output(self.out_names[i], self.out_ort_devices[i])
+                    outs.append(None)
+                    continue
             if self.recycle_outputs:
                 last = b.outputs[i]
-                if (last is not None and last.shape == shape and last.nbytes <= self.recycle_max_bytes
+                if (last is not None
+                        and (static or (last.shape == shape and last.nbytes <= self.recycle_max_bytes))
                         and _unobservable(last, b.bound_out_ptrs[i])):
                     outs.append(last)
                     continue
-            if self.out_shapes[i] is not None:
-                out = empty_like(self.out_templates[i])
-            else:
-                out = self.out_templates[i].new_empty(shape)
+            out = empty_like(self.out_templates[i]) if static else self.out_templates[i].new_empty(shape)
             ptr = out.data_ptr() or self.scratch_ptr
             b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], shape, ptr)
-            if self.recycle_outputs:
-                b.outputs[i] = out
-                b.bound_out_ptrs[i] = ptr
-            outs.append(out)
-        return outs
-
-    cdef _use_stream(self, key):
-        self.by_stream[self.stream_key] = (self.sess, self.pool)
-        entry = self.by_stream.get(key)
-        if entry is None:
-            entry = (self.session_for(key), [])
-        self.sess, self.pool = entry
-        self.stream_key = key
-
-    cdef list _bind_outputs(self, _Binding b):
-        cdef Py_ssize_t i
-        cdef list outs = []
-        for i in range(len(self.out_names)):
-            if self.recycle_outputs:
-                last = b.outputs[i]
-                if last is not None and _unobservable(last, b.bound_out_ptrs[i]):
-                    outs.append(last)
-                    continue
-            out = empty_like(self.out_templates[i])
-            ptr = out.data_ptr() or self.scratch_ptr
-            b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], self.out_shapes[i], ptr)
             if self.recycle_outputs:
                 b.outputs[i] = out
                 b.bound_out_ptrs[i] = ptr
