@@ -414,6 +414,11 @@ cdef class Runner:
         from ortlite.runner import describe_mismatch
         raise describe_mismatch(self.name, i, self.in_names[i], self.in_dtypes[i], self.in_device_index[i], self.in_shapes[i], a)
 
+    @property
+    def providers(self):
+        """The execution providers of the session (for the current stream)."""
+        return list(self.sess.get_providers())
+
     def describe_inputs(self):
         return [
             (self.in_names[i], str(self.in_dtypes[i]), self.in_shapes[i])

@@ -15,12 +15,12 @@ from torch.utils import _pytree as pytree
 
 from . import _fast
 from .decomp import export_decomposition_table
-from .dynamo_backend import dump, missing_kernel_origin
+from .dynamo_backend import missing_kernel_origin
 from .lower import finite_int, lower_graph
 from .options import Options
 from .partition import unsupported_nodes
-from .runner import build_runner
-from .session import SessionCache, current_cuda_stream
+from .runner import runner_for
+from .session import SessionCache
 
 WEIGHT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -108,13 +108,12 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     state = {**program.state_dict, **program.constants}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     mutated_buffers = set(signature.buffers_to_mutate.values())
-    weights, weight_names, constants = [], [], {}
+    weights, constants = [], {}
     for spec, node in zip(signature.input_specs, placeholders):
         if spec.kind in WEIGHT_KINDS:
             tensor = state[spec.target]
             if bind_weights or spec.target in mutated_buffers:
                 weights.append(tensor)
-                weight_names.append(node.name)
             else:
                 constants[node.name] = tensor
         elif spec.kind != InputKind.USER_INPUT:
@@ -122,19 +121,6 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
 
     ranges = {symbol: (finite_int(r.lower), finite_int(r.upper)) for symbol, r in program.range_constraints.items()}
     lowered = lower_graph(gm, options.opset, constants, ranges)
-    for transform in options.model_transforms:
-        transform(lowered.model)
-    if options.dump_dir:
-        dump(options.dump_dir, "aot", lowered.model, gm)
-    devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
-    sessions, model_bytes = SessionCache(), lowered.model.SerializeToString()
-    try:
-        sess = sessions.get(model_bytes, options, devices, current_cuda_stream(devices), lowered.disabled_optimizers)
-    except Exception as e:
-        origin = missing_kernel_origin(e, lowered.node_origin)
-        where = f" (node {origin}{_source(gm, origin)})" if origin else ""
-        raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
-
     mutations = [
         (spec.kind, spec.target if spec.kind == OutputKind.BUFFER_MUTATION else _user_input_index(signature, spec.target))
         for spec in signature.output_specs
@@ -143,13 +129,14 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
     simple = not weights and not mutations and _is_plain_tuple_call(in_spec) and _is_plain_output(out_spec)
     cls = CompiledModel if simple else _StructuredCompiledModel
-    single_bare = simple and out_spec.is_leaf()
-    lowered.returns_tuple = not single_bare
-    compiled = build_runner(
-        "aot", lowered, sess, cls=cls, session_for_stream=lambda s: sessions.get(model_bytes, options, devices, s, lowered.disabled_optimizers)
-    )
+    lowered.returns_tuple = not (simple and out_spec.is_leaf())  # a single output comes back bare
+    try:
+        compiled = runner_for("aot", lowered, gm, options, SessionCache(), cls=cls)
+    except Exception as e:
+        origin = missing_kernel_origin(e, lowered.node_origin)
+        where = f" (node {origin}{_source(gm, origin)})" if origin else ""
+        raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
     compiled.onnx_model = lowered.model
-    compiled.providers = list(sess.get_providers())
     compiled._weights = tuple(weights)
     compiled._weight_input_names = [spec.name for spec in lowered.inputs[: len(weights)]]
     compiled._in_spec, compiled._out_spec = in_spec, out_spec

@@ -8,7 +8,6 @@ import collections
 import dataclasses
 import itertools
 import operator
-import os
 import re
 
 import torch
@@ -23,8 +22,8 @@ from .logs import warn_once
 from .lower import LoweringError, lower_graph
 from .options import Options
 from .partition import fallback_counts, partition, unsupported_nodes
-from .runner import build_runner
-from .session import SessionCache, current_cuda_stream
+from .runner import runner_for
+from .session import SessionCache
 
 _graph_ids = itertools.count()
 
@@ -172,23 +171,13 @@ class Backend:
 
     def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool):
         lowered = lower_graph(gm, self.options.opset)
-        for transform in self.options.model_transforms:
-            transform(lowered.model)
-        if self.options.dump_dir:
-            dump(self.options.dump_dir, name, lowered.model, gm)
-        devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
-        model_bytes = lowered.model.SerializeToString()
-        stream = current_cuda_stream(devices)
         try:
-            sess = self._sessions.get(model_bytes, self.options, devices, stream, lowered.disabled_optimizers)
+            return runner_for(name, lowered, gm, self.options, self._sessions, boxed=boxed)
         except Exception as e:
             origin = missing_kernel_origin(e, lowered.node_origin)
             if origin is None or self.options.fallback == "error":
                 raise
             raise MissingKernel(origin, f"ONNX Runtime has no kernel: {e}") from e
-        return build_runner(
-            name, lowered, sess, boxed=boxed, session_for_stream=lambda s: self._sessions.get(model_bytes, self.options, devices, s, lowered.disabled_optimizers)
-        )
 
 
 class MissingKernel(Exception):
@@ -219,14 +208,6 @@ def op_signature(node: torch.fx.Node) -> tuple:
 
 def _calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "call_function"]
-
-
-def dump(directory: str, name: str, model, gm: torch.fx.GraphModule) -> None:
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, f"{name}.onnx"), "wb") as f:
-        f.write(model.SerializeToString())
-    with open(os.path.join(directory, f"{name}.fx.txt"), "w") as f:
-        f.write(gm.print_readable(print_output=False))
 
 
 class _BaselineChecked:

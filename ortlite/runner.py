@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as C
@@ -11,7 +12,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from . import _fast
 from .lower import LoweredGraph
 from .lower.builder import TORCH_TO_ONNX, sym_expr
-from .session import ort_device
+from .session import current_cuda_stream, ort_device
 
 
 def _device_index(device: torch.device | None) -> int:
@@ -25,6 +26,32 @@ def output_template(dtype: torch.dtype, shape: tuple, device: torch.device) -> t
     if not torch.empty_like(template).is_contiguous():
         template = torch.empty(shape, dtype=dtype, device=device)
     return template
+
+
+def runner_for(name: str, lowered: LoweredGraph, gm, options, sessions, *, boxed: bool = False, cls=_fast.Runner):
+    """The rest of compiling a lowered graph, shared by torch.compile and ortlite.compile:
+    model transforms, the dump, the session (made or reused; errors propagate), the runner."""
+    for transform in options.model_transforms:
+        transform(lowered.model)
+    if options.dump_dir:
+        dump(options.dump_dir, name, lowered.model, gm)
+    devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
+    model_bytes = lowered.model.SerializeToString()
+
+    def session_for_stream(stream):
+        return sessions.get(model_bytes, options, devices, stream, lowered.disabled_optimizers)
+
+    sess = session_for_stream(current_cuda_stream(devices))
+    return build_runner(name, lowered, sess, boxed=boxed, cls=cls, session_for_stream=session_for_stream)
+
+
+def dump(directory: str, name: str, model, gm) -> None:
+    """Options.dump_dir: the ONNX model and the FX graph it came from, once per compile."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"{name}.onnx"), "wb") as f:
+        f.write(model.SerializeToString())
+    with open(os.path.join(directory, f"{name}.fx.txt"), "w") as f:
+        f.write(gm.print_readable(print_output=False))
 
 
 def _is_static(shape) -> bool:

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
-from .builder import TORCH_TO_ONNX, GraphBuilder, SymbolicShapeError, Value, sym_expr
+from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
 from .registry import LOWERINGS, meta, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "lower_graph", "unsupported_reason"]

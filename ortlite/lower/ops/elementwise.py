@@ -103,7 +103,7 @@ def div(g, node, a, b, *, rounding_mode=None):
 def _float_floor_divide(g, a, b, dtype):
     # aten's div_floor_floating: floor of (a - fmod(a, b)) / b with its sign corrections,
     # so that results agree with eager to the last bit.
-    zero, one, half = g.const(0, dtype), g.const(1, dtype), g.const(0.5, dtype)
+    zero, half = g.const(0, dtype), g.const(0.5, dtype)
     true_div = g.op("Div", a, b)
     mod = g.op("Mod", a, b, fmod=1)
     div = g.op("Div", g.op("Sub", a, mod), b)

@@ -11,7 +11,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, arg_val, is_float, is_static, may_be_zero, out_dtype, out_shape
+from .common import aten, arg_val, is_float, is_static, may_be_zero, out_shape
 
 
 def _tuple(v, n: int) -> list[int]:
