@@ -13,6 +13,8 @@ import torch
 
 import opinfo_harness as h
 
+pytestmark = pytest.mark.slow  # about 5 minutes on 2 cores: deselect with -m "not slow"
+
 # Samples per op and dtype in CI (bench/coverage.py takes more): float32 first.
 SAMPLES = {torch.float32: 2, torch.int64: 1, torch.bool: 1}
 

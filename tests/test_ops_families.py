@@ -625,3 +625,30 @@ def test_distances(p):
         check_lowered(lambda a, b: torch.cdist(a, b, p), a, b)
     check_lowered(lambda a: torch.pdist(a, p), a)
     check_lowered(lambda a, b, c: F.bilinear(a, b, c.weight, c.bias), f32(3, 4), f32(3, 5), torch.nn.Bilinear(4, 5, 6))
+
+
+# -- backward forms --------------------------------------------------------------------
+
+BACKWARD = {
+    "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: torch.log_softmax(x, 1),
+    "layer_norm": lambda x: F.layer_norm(x, (6,), torch.linspace(0.5, 2, 6), torch.ones(6)),
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
+    "elu": F.elu,
+    "hardtanh": F.hardtanh,
+    "mish": F.mish,
+    "softplus": F.softplus,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "upsample_nearest": lambda x: F.interpolate(x.view(1, 4, 6, 1), scale_factor=2),
+}
+
+
+@pytest.mark.parametrize("op", list(BACKWARD))
+def test_backward_forms_run_in_onnx_runtime(op):
+    check_lowered(grad_of(BACKWARD[op]), f32(4, 6) * 2)

@@ -329,7 +329,7 @@ def round_decimals(g, node, x, *, decimals=0):
     return g.op("Mul", g.op("Round", g.op("Div", x, scale)), scale)
 
 
-@lower(aten.sign.default, aten.sgn.default)
+@lower(aten.sign.default)
 def sign(g, node, x):
     if x.dtype == torch.bool:
         return g.op("Identity", x)

@@ -192,8 +192,7 @@ def _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, 
         shape = g.ints([x.shape[1]] + [1] * (x.rank - 2))
         rstd = g.op("Reciprocal", g.op("Sqrt", g.op("Add", g.op("Reshape", g.cast(running_var, x.dtype), shape), g.const(float(eps), x.dtype))))
         y = _affine(g, x, g.op("Mul", g.op("Sub", x, g.op("Reshape", g.cast(running_mean, x.dtype), shape)), rstd), weight, bias)
-        stats = [v for v in node.meta["val"][1:3]]
-        empty = [g.op("Expand", g.const(0, v.dtype), g.ints(tuple(v.shape))) for v in stats]
+        empty = [g.op("Expand", g.const(0, v.dtype), g.ints(tuple(v.shape))) for v in node.meta["val"][1:3]]
         return y, empty[0], empty[1], g.op("Identity", running_mean), g.op("Identity", running_var)
     mean, var, centered, rstd = _batch_stats(g, x, float(eps))
     y = _affine(g, x, g.op("Mul", centered, rstd), weight, bias)

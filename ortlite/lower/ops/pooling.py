@@ -123,7 +123,7 @@ def max_pool_backward(g, node, grad, x, kernel_size, stride, padding, dilation, 
 
 
 def _avg_spatial(node) -> int:
-    return {aten.avg_pool1d.default: 1, aten.avg_pool2d.default: 2, aten.avg_pool3d.default: 3,
+    return {aten.avg_pool2d.default: 2, aten.avg_pool3d.default: 3,
             aten.avg_pool2d_backward.default: 2, aten.avg_pool3d_backward.default: 3}[node.target]  # fmt: skip
 
 
@@ -172,7 +172,7 @@ def _avg_args(node, x_shape, spatial, kernel_size, stride, padding, ceil_mode, c
     return kernel, strides, begins, ends, scale
 
 
-@lower(aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default, check=_avg_pool_check)
+@lower(aten.avg_pool2d.default, aten.avg_pool3d.default, check=_avg_pool_check)
 def avg_pool(g, node, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     spatial = _avg_spatial(node)
     x, unbatched = _batched(g, x, spatial)

@@ -157,9 +157,6 @@ def max_all(g, node, x):
 
 
 def _correction(node):
-    if node.target is aten.var.dim:
-        unbiased = node.args[2] if len(node.args) > 2 else node.kwargs.get("unbiased", True)
-        return 1 if unbiased else 0
     correction = node.kwargs.get("correction")
     return 1 if correction is None else correction
 
@@ -168,10 +165,8 @@ def _var_check(node):
     return None if is_float(out_dtype(node)) else "var of a non-float tensor"
 
 
-@lower(aten.var.correction, aten.var.dim, aten.var_mean.correction, check=_var_check)
-def var(g, node, x, dim=None, *args, correction=None, keepdim=False):
-    if node.target is aten.var.dim:
-        keepdim = args[1] if len(args) > 1 else keepdim
+@lower(aten.var.correction, aten.var_mean.correction, check=_var_check)
+def var(g, node, x, dim=None, *, correction=None, keepdim=False):
     dims = [dim] if isinstance(dim, int) else dim
     count = _reduced_count_of(node.args[0].meta["val"], dims)
     if x.rank == 0:

@@ -119,25 +119,12 @@ def convert_element_type(g, node, x, dtype):
     return g.op("Identity", g.cast(x, out_dtype(node)))
 
 
-# The *_copy forms that functionalization and some decompositions produce.
-lower(aten.view_copy.default, aten.squeeze_copy.dims, aten.squeeze_copy.dim, aten.squeeze_copy.default)(view)
-lower(aten.unsqueeze_copy.default)(unsqueeze)
+# The *_copy forms the core decompositions leave (the others decompose to their views).
+lower(aten.view_copy.default)(view)
 lower(aten.permute_copy.default)(permute)
-lower(aten.t_copy.default)(t)
-lower(aten.expand_copy.default)(expand)
 lower(aten.slice_copy.Tensor)(slice_)
 lower(aten.select_copy.int)(select)
-lower(aten.alias_copy.default, aten.detach_copy.default)(clone)
-
-
-@lower(aten.transpose_copy.int)
-def transpose(g, node, x, dim0, dim1):
-    if x.rank < 2:
-        return g.op("Identity", x)
-    perm = list(range(x.rank))
-    a, b = norm_dim(dim0, x.rank), norm_dim(dim1, x.rank)
-    perm[a], perm[b] = perm[b], perm[a]
-    return g.op("Transpose", x, perm=perm)
+lower(aten.detach_copy.default)(clone)
 
 
 @lower(aten.narrow_copy.default)
@@ -167,13 +154,7 @@ def copy(g, node, x, src, non_blocking=False):
     return g.op("Expand", g.cast(src, x.dtype), g.ints(x.shape))
 
 
-@lower(aten.fill.Scalar, aten.fill.Tensor)
-def fill(g, node, x, value):
-    value = g.op("Reshape", g.cast(value, x.dtype), g.ints([])) if hasattr(value, "dtype") else g.const(value, x.dtype)
-    return g.op("Expand", value, g.ints(x.shape)) if x.shape else g.op("Identity", value)
-
-
-@lower(aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default, aten.new_empty.default)
+@lower(aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default)
 def empty(g, node, *args, **kwargs):
     # Any contents are right for an uninitialized tensor: zeros cost least.
     scalar = g.const(0, out_dtype(node))
@@ -218,7 +199,7 @@ def repeat(g, node, x, repeats):
     return g.op("Tile", x, g.ints(repeats))
 
 
-@lower(aten.diagonal.default, aten.diagonal_copy.default)
+@lower(aten.diagonal.default)
 def diagonal(g, node, x, offset=0, dim1=0, dim2=1):
     d1, d2 = norm_dim(dim1, x.rank), norm_dim(dim2, x.rank)
     rest = [d for d in range(x.rank) if d not in (d1, d2)]
