@@ -14,9 +14,7 @@ from ..registry import lower
 from .common import aten, arg_val, is_float
 
 
-def _sdpa_check(node):
-    q, k = arg_val(node, 0), arg_val(node, 1)
-    dropout_p = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+def _shapes_check(q, k, dropout_p) -> str | None:
     if dropout_p:
         return "dropout in attention (random)"
     if q.dim() != 4 or k.dim() != 4:
@@ -25,7 +23,14 @@ def _sdpa_check(node):
         return "symbolic head count or head size"
     if q.shape[1] % k.shape[1]:
         return "query heads not a multiple of key heads"
-    return None if is_float(q.dtype) else "non-float input"
+    return None
+
+
+def _sdpa_check(node):
+    q = arg_val(node, 0)
+    dropout_p = node.args[3] if len(node.args) > 3 else node.kwargs.get("dropout_p", 0.0)
+    reason = _shapes_check(q, arg_val(node, 1), dropout_p)
+    return reason or (None if is_float(q.dtype) else "non-float input")
 
 
 def _repeat_heads(g, x, heads: int):
@@ -91,17 +96,10 @@ def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mas
 
 
 def _sdpa_backward_check(node):
-    q, k = arg_val(node, 1), arg_val(node, 2)
-    if node.args[6]:
-        return "dropout in attention (random)"
-    if q.dim() != 4 or k.dim() != 4:
-        return "attention input ranks"
-    if not all(isinstance(d, int) for d in (q.shape[1], k.shape[1], q.shape[3])):
-        return "symbolic head count or head size"
-    if q.shape[1] % k.shape[1]:
-        return "query heads not a multiple of key heads"
+    q = arg_val(node, 1)
+    reason = _shapes_check(q, arg_val(node, 2), node.args[6])
     # aten's half-precision backward accumulates in float32 in its own order
-    return None if q.dtype in (torch.float32, torch.float64) else f"attention backward in {q.dtype}"
+    return reason or (None if q.dtype in (torch.float32, torch.float64) else f"attention backward in {q.dtype}")
 
 
 @lower(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, check=_sdpa_backward_check, symbolic=True)
