@@ -666,3 +666,4 @@ def test_pooling_and_transposed_conv_edge_geometry():
     check_lowered(lambda x: F.avg_pool2d(x, 2, 3, 1, ceil_mode=True), f32(2, 3, 10, 11))
     check_lowered(lambda x: F.avg_pool2d(x, 2, 3, 1, ceil_mode=True, count_include_pad=False), f32(2, 3, 10, 12))
     check_lowered(grad_of(lambda x: F.avg_pool2d(x, 2, 3, 1, ceil_mode=True)), f32(2, 3, 10, 11))
+    check_lowered(lambda x, i: torch.gather(x, 0, i), f32(5), torch.zeros(2, 0, dtype=torch.long))
