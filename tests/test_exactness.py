@@ -198,3 +198,12 @@ def test_python_scalars_keep_tensor_dtype():
     h = torch.randn(3, 4).half()
     check_lowered(lambda h: (torch.remainder(h, 0.3), h.clamp(-0.1, 0.1), torch.where(h > 0, h, 0.1)), h, atol=1e-3)
     check_lowered(lambda i: (i + 2**40, i * -3, torch.where(i > 0, i, 7)), ints(3, 4, dtype=torch.int32))
+
+
+def test_linspace_matches_aten_not_its_decomposition():
+    # the core decomposition rounds integer linspace differently from aten's kernel
+    check_lowered(lambda x: x + torch.linspace(4.3, 0, 50, dtype=torch.int64), ints(50), rtol=0, atol=0)
+    check_lowered(lambda x: x * torch.logspace(-2, 2, 7, base=3), torch.randn(7))
+    s, e = torch.tensor(-1.5), torch.tensor(7.25)
+    check_lowered(lambda s, e: (torch.linspace(s, e, 9), torch.linspace(s, 3.0, 4), torch.linspace(2.0, e, 1)), s, e)
+    check_fallback(lambda s, e: torch.linspace(s, e, 50, dtype=torch.int64), torch.tensor(4.3), torch.tensor(0), op="aten.linspace.Tensor_Tensor")

@@ -652,3 +652,18 @@ BACKWARD = {
 @pytest.mark.parametrize("op", list(BACKWARD))
 def test_backward_forms_run_in_onnx_runtime(op):
     check_lowered(grad_of(BACKWARD[op]), f32(4, 6) * 2)
+
+
+def test_pooling_and_transposed_conv_edge_geometry():
+    # ceil_mode tails longer than the kernel (with dilation); output_padding past the stride
+    check_lowered(lambda x: F.max_pool2d(x, 2, 3, 1, dilation=3, ceil_mode=True, return_indices=True), f32(2, 3, 10, 11))
+    check_lowered(lambda x: F.max_pool3d(x, 2, 3, 0, dilation=2, ceil_mode=True, return_indices=True), f32(1, 2, 7, 8, 9))
+    conv = torch.nn.ConvTranspose2d(2, 4, (4, 5), stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=4)
+    check_lowered(conv, f32(2, 2, 4, 4))
+    conv = torch.nn.ConvTranspose1d(2, 2, 3, stride=1, padding=0, output_padding=1, dilation=2, bias=False)
+    check_lowered(conv, f32(2, 2, 5))
+    check_lowered(lambda x: F.group_norm(x, 2), f32(0, 4, 3))
+    check_lowered(lambda x: F.avg_pool2d(x, 2, 3, 1, ceil_mode=True), f32(2, 3, 10, 11))
+    check_lowered(lambda x: F.avg_pool2d(x, 2, 3, 1, ceil_mode=True, count_include_pad=False), f32(2, 3, 10, 12))
+    check_lowered(grad_of(lambda x: F.avg_pool2d(x, 2, 3, 1, ceil_mode=True)), f32(2, 3, 10, 11))
+    check_lowered(lambda x, i: torch.gather(x, 0, i), f32(5), torch.zeros(2, 0, dtype=torch.long))

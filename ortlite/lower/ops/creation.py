@@ -10,7 +10,7 @@ import torch
 
 from ..builder import Value
 from ..registry import lower
-from .common import as_value, aten, is_static, out_dtype, out_shape
+from .common import as_value, aten, is_float, is_static, out_dtype, out_shape
 
 SMALL = 4096
 
@@ -65,3 +65,38 @@ def arange(g, node, *args, **kwargs):
     kwargs = {**kwargs, "device": "cpu", "pin_memory": False}
     return g.op("Identity", g.const(node.target(*args, **kwargs), dtype))
 
+
+def _space_check(node):
+    return "large linspace" if math.prod(out_shape(node)) > SMALL * 64 else None
+
+
+# Whole, not decomposed: the core decomposition of linspace rounds integer results
+# differently from aten's kernel (linspace(4.3, 0, 50, dtype=int64) is off by one in 8 places).
+@lower(aten.linspace.default, aten.logspace.default, check=_space_check)
+def linspace(g, node, *args, **kwargs):
+    kwargs = {**kwargs, "device": "cpu", "pin_memory": False}
+    return g.op("Identity", g.const(node.target(*args, **kwargs), out_dtype(node)))
+
+
+def _linspace_tensor_check(node):
+    if not is_float(out_dtype(node)):
+        return "integer linspace from tensors (aten's rounding; its decomposition's differs)"
+    return _space_check(node)
+
+
+@lower(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor, check=_linspace_tensor_check)
+def linspace_tensors(g, node, start, end, steps, **_):
+    # aten's kernel: start + step * i for the first half, end - step * (steps - 1 - i) after
+    dtype = out_dtype(node)
+    start = g.op("Reshape", as_value(g, start, dtype), g.ints([1]))
+    end = g.op("Reshape", as_value(g, end, dtype), g.ints([1]))
+    if steps == 1:
+        return g.op("Identity", start)
+    if steps == 0:
+        return g.op("Expand", g.const(0, dtype), g.ints([0]))
+    step = g.op("Div", g.op("Sub", end, start), g.const(steps - 1, dtype))
+    half = steps // 2
+    i = torch.arange(steps)
+    first = g.op("Add", start, g.op("Mul", step, g.const(i.to(dtype))))
+    second = g.op("Sub", end, g.op("Mul", step, g.const((steps - 1 - i).to(dtype))))
+    return g.op("Where", g.const(i < half), first, second)

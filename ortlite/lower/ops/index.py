@@ -1,5 +1,6 @@
 """Indexing: advanced indexing and index_put, index_select, gather, scatter and its
-reductions, masked_scatter, embedding backward."""
+reductions, masked_scatter, embedding backward, put; searching and counting
+(searchsorted, bucketize, nonzero_static, repeat_interleave)."""
 
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ def index_select(g, node, x, dim, index):
 
 def _gather_check(node):
     x, index = arg_val(node, 0), arg_val(node, 2)
-    if max(index.dim(), 1) != max(x.dim(), 1):
+    if max(index.dim(), 1) != max(x.dim(), 1) and index.numel() != 0:
         return "index of another rank"
     return None
 

@@ -8,7 +8,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import arg_val, aten, is_float, may_be_empty, norm_dim, out_dtype
+from .common import arg_val, aten, is_float, may_be_empty, norm_dim, out_dtype, out_shape
 
 
 def _float_check(node):
@@ -86,18 +86,31 @@ def _conv_check(node):
 @lower(aten.convolution.default, check=_conv_check, symbolic=True)
 def convolution(g, node, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.rank - 2
-    expand = lambda v: list(v) * spatial if len(v) == 1 else list(v)  # noqa: E731
+    stride, padding, dilation, output_padding = (_spatial_list(v, spatial) for v in (stride, padding, dilation, output_padding))
+    if transposed and any(o >= s for o, s in zip(output_padding, stride)):
+        return _wide_output_padding(g, node, x, weight, bias, stride, padding, dilation, groups)
     return g.op(
-        "ConvTranspose" if transposed else "Conv",
-        x,
-        weight,
-        bias,
-        strides=expand(stride),
-        pads=expand(padding) * 2,
-        dilations=expand(dilation),
-        group=int(groups),
-        output_padding=expand(output_padding) if transposed and any(output_padding) else None,
-    )
+        "ConvTranspose" if transposed else "Conv", x, weight, bias, strides=stride, pads=padding * 2,
+        dilations=dilation, group=int(groups), output_padding=output_padding if transposed and any(output_padding) else None,
+    )  # fmt: skip
+
+
+def _wide_output_padding(g, node, x, weight, bias, stride, padding, dilation, groups):
+    """A transposed convolution whose output_padding reaches a stride (aten allows up to the
+    dilation; ONNX Runtime does not): the full result, cropped or zero-extended to aten's
+    window, then the bias."""
+    spatial = x.rank - 2
+    full = g.op("ConvTranspose", x, weight, strides=stride, dilations=dilation, group=int(groups))
+    kernel = weight.shape[2:]
+    lengths = [stride[i] * (x.shape[2 + i] - 1) + dilation[i] * (kernel[i] - 1) + 1 for i in range(spatial)]
+    out = out_shape(node)[2:]
+    short = [max(0, padding[i] + out[i] - lengths[i]) for i in range(spatial)]
+    if any(short):
+        full = g.op("Pad", full, g.ints([0] * (2 + spatial) + [0, 0] + short), mode="constant")
+    result = g.op("Slice", full, g.ints(padding), g.ints([p + o for p, o in zip(padding, out)]), g.ints(range(2, 2 + spatial)))
+    if bias is not None:
+        result = g.op("Add", result, g.op("Reshape", bias, g.ints([-1] + [1] * spatial)))
+    return result
 
 
 @lower(aten.embedding.default, symbolic=True)
@@ -233,13 +246,15 @@ def batch_norm_no_stats(g, node, x, weight, bias, training, momentum, eps):
 
 def _group_norm_check(node):
     x = arg_val(node, 0)
-    if x.numel() == 0 or x.dim() < 2:
-        return "empty input"
+    if x.dim() < 2 or (x.numel() == 0 and x.shape[0] != 0):
+        return "empty groups"
     return _float_check(node)
 
 
 @lower(aten.native_group_norm.default, check=_group_norm_check)
 def native_group_norm(g, node, x, weight, bias, n, c, hxw, group, eps):
+    if math.prod(x.shape) == 0:  # an empty batch
+        return tuple(g.op("Expand", g.const(0, v.dtype), g.ints(tuple(v.shape))) for v in node.meta["val"])
     grouped = g.op("Reshape", x, g.ints([n, group, -1]))
     mean = g.op("ReduceMean", grouped, g.ints([2]), keepdims=1)
     centered = g.op("Sub", grouped, mean)

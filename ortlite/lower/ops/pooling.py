@@ -68,26 +68,62 @@ def _max_pool_check(node):
     return None
 
 
+def _grow(g, v, shape, lead, tail, fill, dtype):
+    """v with blocks of fill before and after its trailing axes. (Concat, not Pad: ONNX
+    Runtime fuses a Pad into the MaxPool after it, and then refuses the pads.)"""
+    shape = list(shape)
+    spatial = len(lead)
+    for i, (before, after) in enumerate(zip(lead, tail)):
+        axis = len(shape) - spatial + i
+        parts = []
+        for count in (before, after):
+            block = list(shape)
+            block[axis] = count
+            parts.append(g.op("Expand", g.const(fill, dtype), g.ints(block)) if count else None)
+        v = g.op("Concat", *[p for p in (parts[0], v, parts[1]) if p is not None], axis=axis)
+        shape[axis] += before + after
+    return v
+
+
 @lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check, symbolic=True)
 def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
     x, unbatched = _batched(g, x, spatial)
     kernel, strides, dilations, begins, ends = _pool_args(x.shape, spatial, out_shape(node)[-spatial:], kernel_size, stride, padding, dilation)
+    sizes = list(x.shape[-spatial:])
+    plane = math.prod(sizes)
+    positions = torch.arange(1, plane + 1, dtype=torch.float32).view(sizes)
+    nan_at = g.op("Where", g.op("IsNaN", x), g.const(positions), g.const(0.0, torch.float32))
+    # ONNX Runtime takes pads smaller than the kernel only: longer ones (dilated kernels, a
+    # ceil_mode tail) are padded onto the input first (-inf, never a window's max)
+    lead = [b if b >= k else 0 for b, k in zip(begins, kernel)]
+    tail = [e if e >= k else 0 for e, k in zip(ends, kernel)]
+    if any(lead + tail):
+        begins = [b - p for b, p in zip(begins, lead)]
+        ends = [e - t for e, t in zip(ends, tail)]
+        nan_at = _grow(g, nan_at, x.shape, lead, tail, 0.0, torch.float32)
+        x = Value(_grow(g, x, x.shape, lead, tail, float("-inf"), x.dtype), x.dtype, ())
     attrs = dict(kernel_shape=kernel, strides=strides, dilations=dilations, pads=begins + ends)
     values = g.op("MaxPool", x, **attrs)
     # ONNX Runtime's MaxPool keeps NaN only when a window starts with it; aten's window
     # max is NaN when any element is, and its index is the window's last NaN. A max-pool
     # of (position + 1) where x is NaN finds both.
-    plane = math.prod(x.shape[-spatial:])
-    positions = torch.arange(1, plane + 1, dtype=torch.float32).view(x.shape[-spatial:])
-    last_nan = g.op("MaxPool", g.op("Where", g.op("IsNaN", x), g.const(positions), g.const(0.0, torch.float32)), **attrs)
+    last_nan = g.op("MaxPool", nan_at, **attrs)
     has_nan = g.op("Greater", last_nan, g.const(0.0, torch.float32))
     values = g.op("Where", has_nan, g.const(float("nan"), x.dtype), values)
     if not any(user.args[1] == 1 for user in node.users):
         return _unbatch(g, values, unbatched), None
-    # ONNX numbers indices over the whole tensor, aten within each plane
+    # ONNX numbers indices over the whole (padded) tensor, aten within each plane
     _, onnx_indices = g.op("MaxPool", x, outputs=2, **attrs)
-    indices = g.op("Mod", onnx_indices, g.const(plane, torch.int64))
+    padded = [n + p + t for n, p, t in zip(sizes, lead, tail)]
+    indices = flat = g.op("Mod", onnx_indices, g.const(math.prod(padded), torch.int64))
+    if any(lead + tail):  # per-axis coordinates in the padded plane, renumbered in x's
+        indices = g.const(0, torch.int64)
+        for i in range(spatial):
+            inner = math.prod(padded[i + 1 :])
+            coordinate = g.op("Mod", g.op("Div", flat, g.const(inner, torch.int64)), g.const(padded[i], torch.int64))
+            coordinate = g.op("Sub", coordinate, g.const(lead[i], torch.int64))
+            indices = g.op("Add", indices, g.op("Mul", coordinate, g.const(math.prod(sizes[i + 1 :]), torch.int64)))
     nan_index = g.op("Sub", g.op("Cast", last_nan, to=TORCH_TO_ONNX[torch.int64]), g.const(1, torch.int64))
     indices = g.op("Where", has_nan, nan_index, indices)
     return _unbatch(g, values, unbatched), _unbatch(g, indices, unbatched)
