@@ -5,6 +5,8 @@ why; writes coverage.json and coverage.md.
     python bench/coverage.py                      # float32, int64, bool; 8 samples per dtype
     python bench/coverage.py --samples 0          # every sample
     python bench/coverage.py --ops 'div|remainder' --dtypes float32
+    python bench/coverage.py --backend onnxrt     # torch 2.8's removed DORT backend, for
+                                                  # comparison (run with a torch 2.8 + onnxscript python)
 
 The sweep runs in worker subprocesses, so an op that kills the process (a segfault in ONNX
 Runtime) is recorded as a crash and the sweep goes on.
@@ -26,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 
-def worker(ops_file: str, out_file: str, dtypes: list[str], samples: int | None) -> None:
+def worker(ops_file: str, out_file: str, dtypes: list[str], samples: int | None, backend: str) -> None:
     import logging
 
     import torch
@@ -44,7 +46,7 @@ def worker(ops_file: str, out_file: str, dtypes: list[str], samples: int | None)
             out.flush()
             start = time.perf_counter()
             try:
-                result = h.sweep_op(by_id[name], dtype_objs, samples).to_json()
+                result = h.sweep_op(by_id[name], dtype_objs, samples, backend_name=backend).to_json()
             except Exception as e:  # the harness itself failed: count it as a crash
                 result = h.OpResult(name, "crash", detail=f"harness: {type(e).__name__}: {e}").to_json()
             result["seconds"] = round(time.perf_counter() - start, 2)
@@ -52,7 +54,7 @@ def worker(ops_file: str, out_file: str, dtypes: list[str], samples: int | None)
             out.flush()
 
 
-def sweep(names: list[str], dtypes: list[str], samples: int | None, jobs: int, timeout: float) -> list[dict]:
+def sweep(names: list[str], dtypes: list[str], samples: int | None, jobs: int, timeout: float, backend: str) -> list[dict]:
     """Runs the sweep in `jobs` worker processes; restarts a worker past an op that killed it."""
     chunks = [names[i::jobs] for i in range(jobs)]
     results: dict[str, dict] = {}
@@ -64,7 +66,7 @@ def sweep(names: list[str], dtypes: list[str], samples: int | None, jobs: int, t
                 ops_file, out_file = os.path.join(tmp, f"ops{i}.json"), os.path.join(tmp, f"out{i}.jsonl")
                 json.dump(chunk, open(ops_file, "w"))
                 cmd = [sys.executable, __file__, "--worker", ops_file, out_file, "--dtypes", ",".join(dtypes)]
-                cmd += ["--samples", str(samples or 0)]
+                cmd += ["--samples", str(samples or 0), "--backend", backend]
                 procs.append((i, chunk, out_file, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
             pending = []
             for i, chunk, out_file, proc in procs:
@@ -117,11 +119,17 @@ def summarize(results: list[dict]) -> dict:
     }
 
 
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def markdown(summary: dict, results: list[dict], args) -> str:
     lines = [
         "# ortlite op coverage (OpInfo sweep)",
         "",
-        f"dtypes {args.dtypes}, samples per dtype {args.samples or 'all'}; `python bench/coverage.py`",
+        f"backend {args.backend}, torch {torch_version()}, dtypes {args.dtypes}, samples per dtype {args.samples or 'all'}; `python bench/coverage.py`",
         "",
         "| bucket | ops | % of swept |",
         "|---|---|---|",
@@ -152,17 +160,18 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8, help="samples per op and dtype (0: all)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
+    parser.add_argument("--backend", default="ortlite", choices=["ortlite", "onnxrt"], help="onnxrt: torch <= 2.8's DORT")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for coverage.json and coverage.md")
     args = parser.parse_args()
     if args.worker:
-        return worker(*args.worker, args.dtypes.split(","), args.samples or None)
+        return worker(*args.worker, args.dtypes.split(","), args.samples or None, args.backend)
 
     import opinfo_harness as h
 
     ops = [op for op in h.all_ops() if re.search(args.ops, h.op_id(op))]
     names = [h.op_id(op) for op in ops]
     start = time.perf_counter()
-    results = sweep(names, args.dtypes.split(","), args.samples or None, args.jobs, args.timeout)
+    results = sweep(names, args.dtypes.split(","), args.samples or None, args.jobs, args.timeout, args.backend)
     summary = summarize(results)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "coverage.json"), "w") as f:
@@ -170,7 +179,7 @@ def main() -> None:
     with open(os.path.join(args.out, "coverage.md"), "w") as f:
         f.write(markdown(summary, results, args))
 
-    print(f"OpInfo sweep: {len(results)} OpInfos, {summary['swept']} swept, {time.perf_counter() - start:.0f} s")
+    print(f"OpInfo sweep of {args.backend} on torch {torch_version()}: {len(results)} OpInfos, {summary['swept']} swept, {time.perf_counter() - start:.0f} s")
     print(f"{'bucket':<10}{'ops':>6}{'%':>8}")
     for b, n in summary["buckets"].items():
         pct = f"{100 * n / summary['swept']:.1f}" if b != "skipped" and summary["swept"] else ""

@@ -22,8 +22,6 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-import ortlite
-
 # Ops whose results are random or uninitialized memory: no eager result to compare with.
 RANDOM_OPS = {
     "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal", "uniform",
@@ -74,19 +72,56 @@ class OpResult:
         return {**dataclasses.asdict(self), "fallback_ops": dict(self.fallback_ops), "reasons": {k: sorted(v) for k, v in self.reasons.items()}}
 
 
-class RecordingBackend(ortlite.Backend):
-    """A Backend that also records why each node was left to torch."""
+def recording_backend(name: str = "ortlite"):
+    """A fresh backend that records, per aten op left to torch, why (`.reasons`), beside
+    `.stats.fallback_ops`. "onnxrt" is torch <= 2.8's removed ONNX Runtime backend (DORT),
+    swept by `bench/coverage.py --backend onnxrt` for comparison."""
+    if name == "onnxrt":
+        return _RecordingDort()
+    import ortlite
+    from ortlite.partition import op_name
 
-    def reset(self):
-        super().reset()
+    class RecordingBackend(ortlite.Backend):
+        def reset(self):
+            super().reset()
+            self.reasons = collections.defaultdict(set)
+
+        def _left_to_torch(self, unsupported):
+            super()._left_to_torch(unsupported)
+            for node, reason in unsupported.items():
+                self.reasons[op_name(node)].add(reason)
+
+    return RecordingBackend()
+
+
+class _RecordingDort:
+    """DORT (torch.onnx._internal.onnxruntime.OrtBackend) with its fallbacks recorded: the
+    call_function nodes its partitioner left outside the fused ONNX submodules."""
+
+    def __init__(self):
+        import operator
+
+        from torch.onnx._internal.onnxruntime import OrtBackend, OrtBackendOptions
+
+        outer = self
+        self.stats = type("Stats", (), {})()
+        self.stats.fallback_ops = collections.Counter()
         self.reasons = collections.defaultdict(set)
 
-    def _left_to_torch(self, unsupported):
-        super()._left_to_torch(unsupported)
-        from ortlite.partition import op_name
+        class Recording(OrtBackend):
+            def compile(self, graph_module, args):
+                fused = super().compile(graph_module, args)
+                for node in fused.graph.nodes:
+                    if node.op == "call_function" and node.target is not operator.getitem:
+                        outer.stats.fallback_ops[str(node.target)] += 1
+                        outer.reasons[str(node.target)].add("not supported by DORT")
+                return fused
 
-        for node, reason in unsupported.items():
-            self.reasons[op_name(node)].add(reason)
+        # preallocated outputs: without them DORT needs the onnxruntime-training wheel
+        self._backend = Recording(OrtBackendOptions(preallocate_output=True))
+
+    def __call__(self, gm, example_inputs):
+        return self._backend(gm, example_inputs)
 
 
 def _pick(samples: list, limit: int | None) -> list:
@@ -138,7 +173,7 @@ def _describe(sample) -> str:
     return f"({', '.join(args)}{', ' if kwargs else ''}{', '.join(f'{k}={v}' for k, v in kwargs.items())})"
 
 
-def run_sample(op, sample, rtol=RTOL, atol=ATOL):
+def run_sample(op, sample, rtol=RTOL, atol=ATOL, backend_name="ortlite"):
     """Runs one sample eagerly and compiled. Returns (status, backend, detail) with status in
     'ok', 'wrong', 'crash', 'eager-error'; backend is None unless compiled."""
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
@@ -158,7 +193,7 @@ def run_sample(op, sample, rtol=RTOL, atol=ATOL):
         return "eager-error", None, f"{type(e).__name__}: {e}"
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    backend = RecordingBackend()
+    backend = recording_backend(backend_name)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -177,7 +212,7 @@ def run_sample(op, sample, rtol=RTOL, atol=ATOL):
     return "ok", backend, ""
 
 
-def sweep_op(op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0) -> OpResult:
+def sweep_op(op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0, backend_name: str = "ortlite") -> OpResult:
     name = op_id(op)
     reason = excluded_reason(op, dtypes)
     if reason:
@@ -195,7 +230,7 @@ def sweep_op(op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0) -
             result.detail = result.detail or f"{dtype}: sample_inputs raised {type(e).__name__}"
             continue
         for sample in _pick(samples, max_samples):
-            status, backend, detail = run_sample(op, sample, rtol, atol)
+            status, backend, detail = run_sample(op, sample, rtol, atol, backend_name)
             if status == "eager-error":
                 continue
             result.samples += 1
