@@ -128,12 +128,14 @@ cdef class Runner:
     cdef bint recycle_outputs   # refill a binding's previous outputs when nothing can observe them
     cdef object sizes_fn        # symbolic sizes: args -> (output shapes, size outputs); None when static
     cdef Py_ssize_t recycle_max_bytes
+    cdef list failure_outputs   # ORT output indices of 0-d bool (CPU) conditions: raise when true
+    cdef list failure_messages
     cdef public long runs
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
                  guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False,
-                 sizes_fn=None, Py_ssize_t recycle_max_bytes=0, stream_of=None, session_for=None):
+                 sizes_fn=None, Py_ssize_t recycle_max_bytes=0, stream_of=None, session_for=None, failures=()):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
@@ -149,7 +151,9 @@ cdef class Runner:
             Outputs whose shape is None are allocated per call with those shapes.
         stream_of, session_for: for graphs on CUDA. ORT fixes a session's compute stream
             when it is made, so each torch stream the graph is called on gets its own
-            session (made by session_for on first use); stream_of() names the current one."""
+            session (made by session_for on first use); stream_of() names the current one.
+        failures: (ORT output index, message) per 0-d bool CPU output that, when true after
+            a run, makes the call raise RuntimeError(message) (aten's runtime errors)."""
         self.name = name
         self.sess = sess
         self.run_options = run_options
@@ -193,6 +197,8 @@ cdef class Runner:
         self.guard_factory = guard_factory
         self.tensor_indices = [i for i in range(self.n_args) if self.kinds[i] == K_TENSOR]
         self.all_tensors = len(self.tensor_indices) == self.n_args
+        self.failure_outputs = [f[0] for f in failures]
+        self.failure_messages = [f[1] for f in failures]
 
     cdef _Binding _new_binding(self):
         cdef _Binding b = _Binding()
@@ -252,12 +258,22 @@ cdef class Runner:
             self.runs += 1
             if self.sizes_fn is not None:
                 self._take_ort_allocated(b, outs)
+            if self.failure_outputs:
+                self._raise_failures(outs)
         finally:
             b.pool.append(b)  # its own session's pool, even if another thread switched streams
         if self.single_output:
             return (outs[0],) if self.returns_tuple else outs[0]
         results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
+
+    cdef _raise_failures(self, list outs):
+        cdef Py_ssize_t k
+        cdef uintptr_t p
+        for k in range(len(self.failure_outputs)):
+            p = outs[<Py_ssize_t>self.failure_outputs[k]].data_ptr()
+            if (<char*>p)[0]:
+                raise RuntimeError(self.failure_messages[k])
 
     cdef _take_ort_allocated(self, _Binding b, list outs):
         """Outputs ORT allocated (None in outs) become torch tensors through DLPack. (No

@@ -111,6 +111,7 @@ def build_runner(
         RECYCLE_MAX_BYTES,
         stream_of,
         session_for,
+        lowered.failures,
     )
 
 

@@ -51,21 +51,58 @@ def test_remainder_scalar_dividend():
     check_lowered(lambda b: torch.remainder(5.5, b), SPECIAL)
 
 
-@pytest.mark.parametrize("op,target", [(torch.remainder, "aten.remainder.Tensor"), (torch.fmod, "aten.fmod.Tensor")])
-def test_int_remainder_by_tensor_falls_back(op, target):
-    # ONNX Runtime kills the process on an integer Mod by zero where aten raises
-    b = ints(20)
-    b[b == 0] = 1
-    check_fallback(lambda a, b: op(a, b), ints(20), b, op=target)
-    # by a constant zero aten raises; compiled, torch still runs it and raises (no process crash)
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
-        torch.compile(lambda a: op(a, 0), backend=ortlite.Backend())(ints(20))
+INT_DIVISIONS = {
+    "floor_divide": lambda a, b: a // b,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+}
 
 
-def test_floor_divide_of_ints_by_tensor_falls_back():
-    b = ints(20)
+@pytest.mark.parametrize("op", INT_DIVISIONS.values(), ids=INT_DIVISIONS.keys())
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_int_division_by_a_tensor_runs_in_ort(op, dtype):
+    b = ints(4, 20, dtype=dtype)
     b[b == 0] = 1
-    check_fallback(lambda a, b: a // b, ints(20), b, op="aten.div.Tensor_mode")
+    check_lowered(op, ints(4, 20, dtype=dtype), b, rtol=0, atol=0)
+    check_lowered(op, ints(3, 1, dtype=dtype), b[0], rtol=0, atol=0)  # broadcast
+
+
+@pytest.mark.parametrize("op", INT_DIVISIONS.values(), ids=INT_DIVISIONS.keys())
+def test_int_division_by_zero_raises_as_aten(op):
+    # aten raises RuntimeError("ZeroDivisionError"); ONNX Runtime would kill the process or
+    # fail inside a kernel: the graph divides by a safe divisor and the runner raises
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(op, backend=backend)
+    a, b = ints(6), torch.tensor([3, -2, 5, 1, 7, 2])
+    assert torch.equal(compiled(a, b), op(a, b))
+    b[4] = 0
+    with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+        op(a, b)
+    with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+        compiled(a, b)
+    b[4] = 7
+    assert torch.equal(compiled(a, b), op(a, b))  # the runner is fine after the error
+    assert backend.stats.fallback_ops == {} and backend.stats.sessions == 1
+    with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):  # a constant zero divisor
+        torch.compile(lambda a: op(a, 0), backend=backend)(ints(20))
+
+
+def test_int_division_by_zero_meeting_no_element_does_not_raise():
+    # a zero divisor broadcast against an empty dividend divides nothing: aten does not raise
+    check_lowered(lambda a, b: (a // b, a % b), torch.empty(0, 3, dtype=torch.int64), torch.tensor([0, 1, 2]))
+    check_lowered(lambda a: a // 0, torch.empty(0, dtype=torch.int64))
+
+
+def test_int_division_by_zero_raises_with_dynamic_shapes():
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(lambda a, b: torch.remainder(a, b) + 1, backend=backend, dynamic=True)
+    for n in (3, 5):
+        assert torch.equal(compiled(torch.arange(n), torch.arange(1, n + 1)), torch.arange(n) % torch.arange(1, n + 1) + 1)
+    with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+        compiled(torch.arange(4), torch.arange(4))
+    assert backend.stats.sessions == 1
 
 
 # -- casts -----------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class LoweredGraph:
     symbols: dict = dataclasses.field(default_factory=dict)
     symbol_ranges: dict = dataclasses.field(default_factory=dict)  # symbol -> (min, max or None)
     disabled_optimizers: tuple = ()  # ORT graph optimizations that would change results here
+    failures: list = dataclasses.field(default_factory=list)  # (ORT output index, message): raise when true
 
 
 def _scalar_kind(val) -> str | None:
@@ -104,8 +105,6 @@ def lower_graph(
                 if expr is not None and expr.is_Symbol:
                     g.symbol_sources.setdefault(expr, (spec.name, d if spec.kind == TENSOR else None))
             inputs.append(spec)
-        elif node.op == "get_attr":
-            env[node] = g.weight(node.name, getattr(gm, node.target))
         elif node.op == "call_function":
             g.current_origin = node.name
             env[node] = _lower_node(g, node, env)
@@ -113,17 +112,22 @@ def lower_graph(
             value = _attr(gm, node.target)
             if not isinstance(value, torch.Tensor) or value.dtype not in TORCH_TO_ONNX or value.layout != torch.strided:
                 raise LoweringError(f"graph constant {node.target} is not a strided tensor ONNX holds: {type(value).__name__}")
-            env[node] = g.const(value)
+            env[node] = g.weight(node.name, value)
         elif node.op == "output":
             outputs, ort_outputs = _lower_outputs(g, node, env, inputs, constants, symbols)
             returns_tuple = isinstance(node.args[0], (tuple, list))
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
+    failures = []
+    for condition, message in g.failures:  # extra 0-d bool outputs, read by the runner
+        failures.append((len(ort_outputs), message))
+        g.add_output(condition, torch.bool, ())
+        ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
     ranges.update(symbol_ranges or {})
     # MatMulScaleFusion folds a scale into MatMul as a float32 attribute: a float64 graph
     # would then differ from aten by ~1e-8 (seen in attention: scores * 1/sqrt(d)).
     disabled = ("MatMulScaleFusion",) if torch.float64 in g.dtypes else ()
-    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled)
+    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures)
 
 
 def finite_int(bound) -> int | None:

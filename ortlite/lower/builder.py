@@ -86,6 +86,13 @@ class GraphBuilder:
         self.symbol_sources: dict[sympy.Symbol, tuple[str, int | None]] = {}
         self._sym_values: dict[sympy.Expr, Value] = {}
         self.dtypes: set[torch.dtype] = set()  # of inputs, outputs, constants and casts
+        self.failures: list[tuple[str, str]] = []  # (0-d bool value, message): see fail_if
+
+    def fail_if(self, condition: str, message: str) -> None:
+        """Make the call raise RuntimeError(message) when the 0-d bool `condition` is true at
+        run time, as aten raises (e.g. integer division by zero). The runner reads each
+        condition after the run, before any result is handed back."""
+        self.failures.append((condition, message))
 
     def fresh(self, hint: str) -> str:
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"

@@ -10,6 +10,7 @@ from ..builder import TORCH_TO_ONNX, GraphBuilder, Value
 from ..registry import lower
 from . import common
 from .common import aten, arg_val, as_value, is_float, out_dtype, out_shape, promoted_dtype
+from ..registry import node_tensors
 
 
 def _compute_dtype(node, *operands) -> torch.dtype:
@@ -64,15 +65,38 @@ def _div_check(node):
     mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
     if mode is not None and mode not in ("trunc", "floor"):
         return f"rounding_mode {mode!r}"
+    return _int_divisor_check(node)
+
+
+def _int_divisor_check(node):
+    """Integer division by zero raises in aten but kills the process in ONNX Runtime: a
+    divisor that may be zero is made safe and checked (_safe_int_divisor), on CPU only
+    (where aten raises; on CUDA its results are unspecified)."""
+    if is_float(out_dtype(node)):
+        return None
     divisor = node.args[1]
-    if not is_float(out_dtype(node)):
-        # Integer division by zero raises in aten but kills the process in ONNX Runtime:
-        # only a nonzero constant divisor is safe to lower.
-        if isinstance(divisor, torch.fx.Node) or divisor == 0:
-            return "integer division by a tensor (or by zero)"
-        if not isinstance(divisor, int):
-            return "integer division by a non-integer scalar"
+    if isinstance(divisor, torch.fx.Node):
+        if any(t.device.type != "cpu" for t in node_tensors(node)):
+            return "integer division by a tensor on CUDA"
+    elif isinstance(divisor, bool) or not isinstance(divisor, int):
+        return "integer division by a non-integer scalar"
     return None
+
+
+def _safe_int_divisor(g: GraphBuilder, node, b: Value) -> Value:
+    """An integer divisor with its zeros replaced by ones; the call raises aten's
+    ZeroDivisionError when a zero divisor meets an element of the result."""
+    divisor, out = node.args[1], common.out_val(node)
+    if isinstance(divisor, int) and divisor != 0:
+        return b
+    is_zero = g.op("Equal", b, g.const(0, b.dtype))
+    if not (common.is_static(out.shape) and math.prod(out.shape) == 0):  # else nothing is divided
+        met = is_zero
+        if b.shape != out.shape:  # the divisors the result meets: b broadcast (empty if the result is)
+            met = g.op("Expand", is_zero, g.shape(out.shape))
+        any_zero = g.op("ReduceMax", g.op("Cast", met, to=TORCH_TO_ONNX[torch.uint8]), keepdims=0)
+        g.fail_if(g.op("Cast", any_zero, to=TORCH_TO_ONNX[torch.bool]), "ZeroDivisionError")
+    return Value(g.op("Where", is_zero, g.const(1, b.dtype), b), b.dtype, b.shape)
 
 
 @lower(
@@ -87,6 +111,8 @@ def _div_check(node):
 def div(g, node, a, b, *, rounding_mode=None):
     dtype = _compute_dtype(node, a, b)
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
+    if not is_float(dtype):
+        b = _safe_int_divisor(g, node, b)
     if rounding_mode is None or not is_float(dtype):
         quotient = g.op("Div", a, b)  # integer Div truncates toward zero
         if rounding_mode == "floor" and not is_float(dtype):
@@ -439,28 +465,21 @@ def fmax(g, node, a, b):
     return result
 
 
-def _int_divisor_check(node):
-    """Integer Mod by zero kills the process in ONNX Runtime where aten raises: only a
-    nonzero constant integer divisor is safe."""
-    if is_float(out_dtype(node)):
-        return None
-    divisor = node.args[1]
-    if isinstance(divisor, torch.fx.Node) or isinstance(divisor, bool) or not isinstance(divisor, int) or divisor == 0:
-        return "integer remainder by a tensor (or by zero)"
-    return None
-
-
-@lower(aten.fmod.Tensor, aten.fmod.Scalar, check=_int_divisor_check)
+@lower(aten.fmod.Tensor, aten.fmod.Scalar, check=_int_divisor_check, symbolic=True)
 def fmod(g, node, a, b):
     dtype = _compute_dtype(node, a, b)
-    return _finish(g, node, g.op("Mod", as_value(g, a, dtype), as_value(g, b, dtype), fmod=1), dtype)
+    a, b = as_value(g, a, dtype), as_value(g, b, dtype)
+    if not is_float(dtype):
+        b = _safe_int_divisor(g, node, b)
+    return _finish(g, node, g.op("Mod", a, b, fmod=1), dtype)
 
 
-@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, check=_int_divisor_check)
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, check=_int_divisor_check, symbolic=True)
 def remainder(g, node, a, b):
     dtype = _compute_dtype(node, a, b)
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
     if not is_float(dtype):
+        b = _safe_int_divisor(g, node, b)
         return _finish(g, node, g.op("Mod", a, b, fmod=0), dtype)  # the divisor's sign, as Python's %
     # aten's kernel: m = fmod(a, b); m + b where m != 0 and its sign differs from b's
     zero = g.const(0, dtype)
