@@ -105,6 +105,18 @@ def test_int_division_by_zero_raises_with_dynamic_shapes():
     assert backend.stats.sessions == 1
 
 
+def test_int_pow_is_exact_past_2_53_and_wraps_as_aten():
+    # ONNX Runtime's integer Pow goes through double: 3 ** 39 came out 4052555153018976256
+    x = torch.tensor([3, 7, -5, 2**20, 0, 1, -1, -2, 12345])
+    check_lowered(lambda x: (x**39, x**3, x**0, 2 ** x.abs().clamp(max=70)), x, rtol=0, atol=0)
+    e = torch.tensor([0, 1, 2, 63, -1, -2, -3, 40, 5])
+    check_lowered(lambda x, e: (x**e, x.T ** e), x[None], e, rtol=0, atol=0)  # negative exponents, broadcast
+    for dtype in (torch.int32, torch.int16, torch.int8, torch.uint8):  # products wrap in the narrow dtype
+        check_lowered(lambda x, e: x**e, x.to(dtype), e.abs().to(dtype), rtol=0, atol=0)
+    check_lowered(lambda x, e: x**e, torch.empty(0, 9, dtype=torch.int64), e)
+    check_lowered(lambda x, e: x**e, torch.tensor(3), torch.tensor(4))
+
+
 # -- casts -----------------------------------------------------------------------------
 
 

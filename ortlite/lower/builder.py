@@ -215,6 +215,31 @@ class GraphBuilder:
         self.dtypes.add(dtype)
         return Value(self.op("Cast", x, to=TORCH_TO_ONNX[dtype]), dtype, x.shape)
 
+    def loop(self, max_trips: str | None, condition: str | None, carried: Sequence[Value], body) -> tuple[Value, ...]:
+        """ONNX Loop: while `condition` (a 0-d bool; None: always) holds and fewer than
+        `max_trips` (a 0-d int64; None: no bound) iterations ran,
+        carried = body(b, i, *carried)[1:], with the continue condition as body's first
+        result; b is a builder for the body graph, i the 0-d int64 iteration number.
+        Returns the final carried values (same dtypes; shapes may change)."""
+        b = _BodyBuilder(self)
+        i = Value(self.fresh("iteration"), torch.int64, ())
+        cond_in = self.fresh("cond_in")
+        carried_in = [Value(self.fresh("carried_in"), v.dtype, v.shape) for v in carried]
+        cond_out, *carried_out = body(b, i, *carried_in)
+        cond_out = b.op("Identity", cond_out)  # a body output must be a value of its own
+        carried_out = [b.op("Identity", v) if v in carried_in or v not in b.produced else v for v in carried_out]
+        info = lambda name, v: helper.make_tensor_value_info(name, TORCH_TO_ONNX[v.dtype], None)  # noqa: E731
+        graph = helper.make_graph(
+            b.nodes,
+            self.fresh("loop_body"),
+            [helper.make_tensor_value_info(i, TensorProto.INT64, []), helper.make_tensor_value_info(cond_in, TensorProto.BOOL, [])]
+            + [info(n, v) for n, v in zip(carried_in, carried)],
+            [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, [])] + [info(n, v) for n, v in zip(carried_out, carried)],
+        )
+        names = self.op("Loop", max_trips or "", condition or "", *carried, outputs=len(carried), body=graph)
+        names = names if isinstance(names, tuple) else (names,)
+        return tuple(Value(n, v.dtype, v.shape) for n, v in zip(names, carried))
+
     def add_input(self, name: str, dtype: torch.dtype, shape: Sequence) -> None:
         self._used.add(name)
         self.dtypes.add(dtype)
@@ -228,6 +253,39 @@ class GraphBuilder:
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
         opsets = [helper.make_opsetid("", self.opset)] + [helper.make_opsetid(d, v) for d, v in self.extra_domains.items()]
         return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="ortlite")
+
+
+class _BodyBuilder(GraphBuilder):
+    """Builds a Loop body: nodes of its own; names, constants and sizes from the graph
+    around it (the body reads those from the outer scope)."""
+
+    def __init__(self, outer: GraphBuilder):
+        super().__init__(outer.name, outer.opset)
+        self.outer = outer
+        self._used = outer._used
+        self.node_origin = outer.node_origin
+        self.current_origin = outer.current_origin
+        self.dtypes = outer.dtypes
+        self.produced: set[str] = set()
+
+    def op(self, op_type: str, *inputs, outputs: int = 1, domain: str = "", **attrs):
+        names = super().op(op_type, *inputs, outputs=outputs, domain=domain, **attrs)
+        self.produced.update(names if isinstance(names, tuple) else (names,))
+        if domain:
+            self.outer.extra_domains.setdefault(domain, 1)
+        return names
+
+    def const(self, value, dtype=None):
+        return self.outer.const(value, dtype)
+
+    def weight(self, hint, tensor):
+        return self.outer.weight(hint, tensor)
+
+    def _sym(self, expr):
+        return self.outer._sym(expr)
+
+    def fail_if(self, condition, message):
+        raise NotImplementedError("fail_if inside a loop body")
 
 
 def to_tensor_proto(tensor: torch.Tensor, name: str) -> onnx.TensorProto:

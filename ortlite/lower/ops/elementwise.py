@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from onnx import TensorProto
 
 from ..builder import TORCH_TO_ONNX, GraphBuilder, Value
 from ..registry import lower
@@ -144,22 +145,67 @@ def _float_floor_divide(g, a, b, dtype):
 
 
 def _pow_check(node):
-    if not is_float(out_dtype(node)):
-        exponent = node.args[1]
-        if isinstance(exponent, torch.fx.Node) or not isinstance(exponent, int) or exponent < 0:
-            return "integer pow needs a constant non-negative integer exponent"
+    dtype = out_dtype(node)
+    if dtype == torch.bool:
+        return "bool pow"
+    exponent = node.args[1]
+    if not is_float(dtype) and not isinstance(exponent, torch.fx.Node) and (not isinstance(exponent, int) or exponent < 0):
+        return "integer pow by a negative or non-integer scalar (aten raises)"
     return None
 
 
 @lower(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar, check=_pow_check, symbolic=True)
 def pow_(g, node, base, exponent):
     dtype = _compute_dtype(node, base, exponent)
+    if not is_float(dtype):
+        return _finish(g, node, _int_pow(g, node, base, exponent), torch.int64)
     if not isinstance(exponent, Value) and exponent == 2:
         x = as_value(g, base, dtype)
         return _finish(g, node, g.op("Mul", x, x), dtype)
-    if not isinstance(exponent, Value) and exponent == 0.5 and is_float(dtype):
+    if not isinstance(exponent, Value) and exponent == 0.5:
         return _finish(g, node, g.op("Sqrt", as_value(g, base, dtype)), dtype)
     return _finish(g, node, g.op("Pow", as_value(g, base, dtype), as_value(g, exponent, dtype)), dtype)
+
+
+def _int_pow(g: GraphBuilder, node, base, exponent) -> Value:
+    """aten's powi in int64: square-and-multiply (ONNX Runtime's integer Pow goes through
+    double, inexact past 2**53). Products wrap modulo 2**64, so narrower dtypes are exact
+    after the final cast. A negative exponent gives 1 for a base of 1, +-1 for -1, else 0."""
+    i64 = torch.int64
+    shape = g.shape(out_shape(node))
+    one = g.const(1, i64)
+    a = as_value(g, base, i64)
+    if not isinstance(exponent, Value):  # a constant exponent >= 0: unrolled
+        result, square, e = one, a, exponent
+        while e:
+            if e & 1:
+                result = g.op("Mul", result, square)
+            e >>= 1
+            if e:
+                square = g.op("Mul", square, square)
+        return Value(g.op("Expand", result, shape), i64, out_shape(node))
+    zero, two = g.const(0, i64), g.const(2, i64)
+    e = as_value(g, exponent, i64)
+    negative = g.op("Less", e, zero)
+    a = Value(g.op("Expand", a, shape), i64, out_shape(node))
+    e_pos = Value(g.op("Expand", g.op("Where", negative, zero, e), shape), i64, out_shape(node))
+
+    def any_positive(b, e):
+        return b.op("Cast", b.op("ReduceMax", b.op("Cast", b.op("Greater", e, zero), to=TensorProto.UINT8), keepdims=0), to=TensorProto.BOOL)
+
+    def step(b, i, result, square, e):
+        odd = b.op("Equal", b.op("Mod", e, two), one)
+        result = b.op("Where", odd, b.op("Mul", result, square), result)
+        e = b.op("Div", e, two)
+        return any_positive(b, e), result, b.op("Mul", square, square), e
+
+    ones = Value(g.op("Expand", one, shape), i64, out_shape(node))
+    result, _, _ = g.loop(None, any_positive(g, e_pos), [ones, a, e_pos], step)
+    # negative exponents: 1 ** e = 1, (-1) ** e = +-1, else 0 (integer truncation of 1 / a ** -e)
+    odd = g.op("Equal", g.op("Mod", e, two, fmod=1), g.const(-1, i64))
+    minus_one = g.op("Where", odd, g.const(-1, i64), one)
+    by_negative = g.op("Where", g.op("Equal", a, one), one, g.op("Where", g.op("Equal", a, g.const(-1, i64)), minus_one, zero))
+    return Value(g.op("Where", negative, by_negative, result), i64, out_shape(node))
 
 
 # -- unary -----------------------------------------------------------------------------
