@@ -420,6 +420,13 @@ def test_creation():
     check_lowered(lambda x: x + torch.ones(()), torch.tensor(1.0))
 
 
+@pytest.mark.parametrize("fn", [torch.triu_indices, torch.tril_indices])
+def test_triangle_indices(fn):
+    for row, col, offset in [(4, 3, 0), (3, 5, -1), (5, 2, 3), (0, 3, 0), (3, 3, -10)]:
+        check_lowered(lambda x: x + fn(row, col, offset), ints(1, 1), rtol=0, atol=0)
+    check_lowered(lambda x: x[fn(4, 4, 1, dtype=torch.int32).long()], f32(4, 4))
+
+
 def test_max_pool2d_propagates_nan_and_inf():
     x = f32(1, 2, 4, 4)
     x[0, 0, 1, 1] = float("nan")

@@ -70,6 +70,18 @@ def _space_check(node):
     return "large linspace" if math.prod(out_shape(node)) > SMALL * 64 else None
 
 
+def _constant_check(node):
+    if not is_static(out_shape(node)):
+        return "symbolic sizes"
+    return "large constant" if math.prod(out_shape(node)) > SMALL * 64 else None
+
+
+@lower(aten.triu_indices.default, aten.tril_indices.default, check=_constant_check)
+def triangle_indices(g, node, *args, **kwargs):
+    kwargs = {**kwargs, "device": "cpu", "pin_memory": False}
+    return g.op("Identity", g.const(node.target(*args, **kwargs), out_dtype(node)))
+
+
 # Whole, not decomposed: the core decomposition of linspace rounds integer results
 # differently from aten's kernel (linspace(4.3, 0, 50, dtype=int64) is off by one in 8 places).
 @lower(aten.linspace.default, aten.logspace.default, check=_space_check)
