@@ -117,6 +117,18 @@ def test_int_pow_is_exact_past_2_53_and_wraps_as_aten():
     check_lowered(lambda x, e: x**e, torch.tensor(3), torch.tensor(4))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_shifts_past_the_width_and_by_negative_amounts(dtype):
+    # aten: 0 for a left shift out of range, a >> (width - 1) for a signed right shift
+    # (sign fill), and an unsigned amount read as signed (uint8 200 is -56)
+    info = torch.iinfo(dtype)
+    a = torch.tensor([0, 1, -1, 5, -5, 100, -100, info.max, info.min, 37, -37, 3]).to(dtype)
+    b = torch.tensor([0, 1, 3, info.bits - 1, info.bits, info.bits + 1, -1, 2, 5, 200, 127, 64]).to(dtype)
+    check_lowered(lambda a, b: (a << b, a >> b, a << 3, a >> 2), a, b, rtol=0, atol=0)
+    check_lowered(lambda b: (torch.bitwise_left_shift(5, b), torch.bitwise_right_shift(-9, b)), b, rtol=0, atol=0)
+    check_lowered(lambda a, b: a[:, None] >> b[::2], a, b, rtol=0, atol=0)  # broadcast, non-contiguous
+
+
 # -- casts -----------------------------------------------------------------------------
 
 

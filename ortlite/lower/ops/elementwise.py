@@ -487,6 +487,42 @@ _bitwise((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), "Or", "BitwiseOr")
 _bitwise((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), "Xor", "BitwiseXor")
 
 
+def _shift_check(node):
+    return None if out_dtype(node) in common.INT_DTYPES else f"shift of {out_dtype(node)}"
+
+
+LEFT_SHIFTS = (aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor)
+RIGHT_SHIFTS = (aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor)
+
+
+@lower(*LEFT_SHIFTS, aten.__lshift__.Tensor, aten.__lshift__.Scalar, *RIGHT_SHIFTS, aten.__rshift__.Tensor, aten.__rshift__.Scalar, check=_shift_check, symbolic=True)
+def bitwise_shift(g, node, a, b):
+    """aten's shifts: by a negative amount or past the width, a left shift gives 0 and a
+    right shift a >> (width - 1) for signed types, 0 for unsigned. ONNX's BitShift is
+    unsigned only: values go through int64 and uint64 (the low bits of a left shift are the
+    same in every width), a signed right shift as ~(~a >> s) for negative a."""
+    dtype = out_dtype(node)
+    left = node.target in LEFT_SHIFTS or node.target in (aten.__lshift__.Tensor, aten.__lshift__.Scalar)
+    info = torch.iinfo(dtype)
+    signed = info.min < 0
+    i64, u64 = torch.int64, TensorProto.UINT64
+    a = as_value(g, a, i64) if isinstance(a, Value) else as_value(g, common.wrap_int(a, dtype), i64)
+    b = as_value(g, b, dtype)
+    amount = g.cast(g.cast(b, dtype if signed else torch.int8), i64)  # aten reads it signed: uint8 200 is -56
+    max_shift = info.bits - 1 if signed and not left else info.bits
+    valid = g.op("And", g.op("GreaterOrEqual", amount, g.const(0, i64)), g.op("Less", amount, g.const(max_shift, i64)))
+    direction = "LEFT" if left else "RIGHT"
+    if left or not signed:
+        shift = g.op("Cast", g.op("Where", valid, amount, g.const(0, i64)), to=u64)
+        shifted = g.op("Cast", g.op("BitShift", g.op("Cast", a, to=u64), shift, direction=direction), to=TensorProto.INT64)
+        return g.op("Cast", g.op("Where", valid, shifted, g.const(0, i64)), to=TORCH_TO_ONNX[dtype])
+    shift = g.op("Cast", g.op("Where", valid, amount, g.const(max_shift, i64)), to=u64)
+    negative = g.op("Less", a, g.const(0, i64))
+    magnitude = g.op("Where", negative, g.op("BitwiseNot", a), a)  # >= 0
+    shifted = g.op("Cast", g.op("BitShift", g.op("Cast", magnitude, to=u64), shift, direction=direction), to=TensorProto.INT64)
+    return g.op("Cast", g.op("Where", negative, g.op("BitwiseNot", shifted), shifted), to=TORCH_TO_ONNX[dtype])
+
+
 # -- binary math -----------------------------------------------------------------------
 
 
