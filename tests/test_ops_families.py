@@ -526,6 +526,7 @@ def test_more_elementwise_and_cumulative():
     x = torch.tensor([[1.0, float("nan"), 3.0, float("nan"), 2.0, 5.0], [2.0, 2.0, 1.0, 1.0, 3.0, 3.0]])
     check_lowered(lambda x: (torch.cummax(x, 1), torch.cummin(x, 1), torch.cummax(x, 0)), x)
     check_lowered(lambda x: (torch.cummax(x, 0), torch.cummin(x, -1)), ints(5, 4, lo=0, hi=3))
+    check_lowered(lambda x: (torch.cummax(x, 0), torch.cummin(x, -1)), ints(5, 4, lo=0, hi=2).bool())
     check_lowered(lambda x: (torch.logcumsumexp(x, 1), torch.logcumsumexp(x, 0)), torch.cat([x, torch.full((1, 6), -float("inf"))]))
     check_lowered(lambda x: torch.logcumsumexp(x, -1), f32(3, 7) * 30)
 

@@ -335,18 +335,14 @@ def logcumsumexp(g, node, x, dim):
     return g.op("Squeeze", g.op("Add", g.op("Log", total), top), j)
 
 
-def _cummax_check(node):
-    reason = _spread_check(node)
-    if reason:
-        return reason
-    return "cummax of bools" if node.args[0].meta["val"].dtype == torch.bool else None
-
-
-@lower(aten.cummax.default, aten.cummin.default, check=_cummax_check)
+@lower(aten.cummax.default, aten.cummin.default, check=_spread_check)
 def cummax(g, node, x, dim):
     largest = node.target is aten.cummax.default
     if x.rank == 0 or 0 in x.shape:
         return g.op("Identity", x), g.op("Expand", g.const(0, torch.int64), g.ints(x.shape))
+    if x.dtype == torch.bool:  # as 0/1 integers
+        values, index = cummax(g, node, g.cast(x, torch.int32), dim)
+        return g.op("Cast", values, to=TORCH_TO_ONNX[torch.bool]), index
     axis = norm_dims(dim, x.rank)[0]
     n = x.shape[axis]
     info = torch.finfo(x.dtype) if is_float(x.dtype) else torch.iinfo(x.dtype)
