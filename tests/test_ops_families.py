@@ -115,6 +115,8 @@ def test_activations():
     check_lowered(lambda x: (F.elu(x), F.elu(x, 0.5), F.selu(x), F.celu(x, 1.5)), x)
     check_lowered(lambda x: (F.leaky_relu(x), F.leaky_relu(x, 0.2), F.hardtanh(x), F.relu6(x), F.hardtanh(x, -0.5, 2.0)), x)
     check_lowered(lambda x: (F.hardtanh(x, -2, 3), F.relu6(x)), ints(3, 4))
+    # integer inputs: aten converts fractional bounds to the dtype, toward zero
+    check_lowered(lambda x: (F.hardtanh(x, -0.5, 2.7), F.hardtanh(x, -2.5, -0.2), F.hardtanh(x, 0.9, 1.1)), torch.arange(-4, 5))
     check_lowered(lambda x: (F.elu(x), F.leaky_relu(x)), torch.tensor(-0.7))
 
 

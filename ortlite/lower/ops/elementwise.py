@@ -592,13 +592,17 @@ def _hardtanh_check(node):
     if dtype == torch.bool:
         return "bool input"
     bounds = list(node.args[1:3]) + [node.kwargs[k] for k in ("min_val", "max_val") if k in node.kwargs]
-    if not is_float(dtype) and any(float(b) != int(b) for b in bounds):
-        return "fractional bounds on integers"
+    if not is_float(dtype):
+        info = torch.iinfo(dtype)
+        if any(not math.isfinite(b) or not info.min <= int(b) <= info.max for b in bounds):
+            return "bounds outside the integer dtype"
     return None
 
 
 @lower(aten.hardtanh.default, check=_hardtanh_check)
 def hardtanh(g, node, x, min_val=-1, max_val=1):
+    if not is_float(x.dtype):  # aten converts the bounds to the dtype: toward zero
+        min_val, max_val = int(min_val), int(max_val)
     # Max/Min propagate NaN as aten does
     return g.op("Min", g.op("Max", x, g.const(min_val, x.dtype)), g.const(max_val, x.dtype))
 
