@@ -196,8 +196,10 @@ def test_pad_modes(mode):
     check_lowered(lambda x: F.pad(x, (2, 1), mode=mode), f32(2, 3, 5))
     check_lowered(lambda x: F.pad(x, (2, 1, 0, 3), mode=mode), f32(2, 3, 4, 5))
     check_lowered(lambda x: F.pad(x, (1, 1, 1, 1, 1, 1), mode=mode), f32(1, 2, 3, 3, 3))
-    if mode == "replicate":
+    if mode in ("replicate", "reflect"):  # negative pads crop (reflect: about the uncropped input)
         check_lowered(lambda x: F.pad(x, (-1, 2, 2, -1), mode=mode), f32(2, 3, 4, 5))
+        check_lowered(lambda x: F.pad(x, (-2, -1), mode=mode), ints(2, 3, 5))
+        check_lowered(lambda x: F.pad(x, (3, -3, -1, -1, 1, 0), mode=mode), f32(1, 2, 3, 4, 5))
 
 
 def test_flip_repeat_diagonal_unfold():

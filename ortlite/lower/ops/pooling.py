@@ -405,16 +405,9 @@ def upsample_interpolate(g, node, x, output_size, align_corners, scale_factors):
 # -- padding modes ---------------------------------------------------------------------
 
 
-def _pad_check(node):
-    if "reflection" in str(node.target) and any(p < 0 for p in node.args[1]):
-        return "negative reflection padding"
-    return None
-
-
 @lower(
     aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default,
     aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default,
-    check=_pad_check,
 )  # fmt: skip
 def pad_mode(g, node, x, pad):
     if 0 in out_shape(node):
@@ -423,6 +416,15 @@ def pad_mode(g, node, x, pad):
     begins, ends = [0] * x.rank, [0] * x.rank
     for i in range(len(pad) // 2):
         begins[x.rank - 1 - i], ends[x.rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    if mode == "reflect" and any(p < 0 for p in pad):
+        # aten reflects about the uncropped input: output j reads reflect(j - begin)
+        result = x
+        for d in range(x.rank):
+            if begins[d] or ends[d]:
+                n = x.shape[d]
+                source = [abs(t) if t < n else 2 * (n - 1) - t for t in range(-begins[d], n + ends[d])]
+                result = g.op("Gather", result, g.ints(source), axis=d)
+        return result
     result = g.op("Pad", x, g.ints([max(p, 0) for p in begins + ends]), mode=mode)
     # negative (replication) padding crops, after padding: aten clamps source positions
     crops = [d for d in range(x.rank) if begins[d] < 0 or ends[d] < 0]
