@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import check_fallback, check_lowered
+import ortlite
+
+from conftest import assert_same, check_fallback, check_lowered
 
 torch.manual_seed(0)
 
@@ -368,6 +370,19 @@ def test_embedding():
     check_lowered(lambda i: emb(i), ints(2, 3, lo=0, hi=10))
     check_lowered(lambda i: emb(i), ints(2, 3, lo=0, hi=10, dtype=torch.int32))
     check_lowered(lambda i: emb(i), torch.tensor(3))
+
+
+@pytest.mark.parametrize("norm_type", [2, 1, 3.5, math.inf])
+def test_embedding_max_norm_renormalizes_the_named_rows_in_place(norm_type):
+    weight = f32(10, 4) * 2
+    indices = torch.tensor([[1, 3, 3], [9, 0, 1]])  # repeated indices: scaled once
+    fn = lambda i, w: F.embedding(i, w, max_norm=1.5, norm_type=norm_type)  # noqa: E731
+    eager_weight, compiled_weight = weight.clone(), weight.clone()
+    expected = fn(indices, eager_weight)
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    assert_same(torch.compile(fn, backend=backend)(indices, compiled_weight), expected)
+    assert_same(compiled_weight, eager_weight)  # the in-place renorm reaches the caller's weight
+    assert not torch.equal(eager_weight, weight) and backend.stats.fallback_ops == {}
 
 
 @pytest.mark.parametrize(

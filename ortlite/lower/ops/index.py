@@ -331,6 +331,34 @@ def embedding_dense_backward(g, node, grad, indices, num_weights, padding_idx, s
     return g.op("ScatterND", zeros, index, rows, reduction="add")
 
 
+def _renorm_check(node):
+    weight = arg_val(node, 0)
+    return None if is_float(weight.dtype) and weight.dim() == 2 else "embedding_renorm of a non-float or non-2-d weight"
+
+
+@lower(aten.embedding_renorm.default, check=_renorm_check)
+def embedding_renorm(g, node, weight, indices, max_norm, norm_type):
+    """aten's embedding_renorm_: each row indices name (once, however often named) whose
+    norm exceeds max_norm is scaled by max_norm / (norm + 1e-7), computed in double."""
+    rows = weight.shape[0]
+    named = g.op("ScatterElements", g.const(torch.zeros(rows)), g.op("Reshape", g.cast(indices, torch.int64), g.ints([-1])), g.op("Expand", g.const(1.0), g.shape([math.prod(indices.shape)])), axis=0, reduction="max")
+    magnitude = g.op("Abs", weight)
+    axes = g.ints([1])
+    if norm_type == 2:
+        norm = g.op("ReduceL2", weight, axes, keepdims=1)
+    elif norm_type == 1:
+        norm = g.op("ReduceSum", magnitude, axes, keepdims=1)
+    elif norm_type == math.inf:
+        norm = g.op("ReduceMax", magnitude, axes, keepdims=1)
+    else:
+        p = g.const(float(norm_type), weight.dtype)
+        norm = g.op("Pow", g.op("ReduceSum", g.op("Pow", magnitude, p), axes, keepdims=1), g.const(1 / float(norm_type), weight.dtype))
+    norm = g.cast(Value(norm, weight.dtype, (rows, 1)), torch.float64)
+    scale = g.cast(Value(g.op("Div", g.const(float(max_norm), torch.float64), g.op("Add", norm, g.const(1e-7, torch.float64))), torch.float64, (rows, 1)), weight.dtype)
+    renorm = g.op("And", g.op("Greater", norm, g.const(float(max_norm), torch.float64)), g.op("Unsqueeze", g.op("Greater", named, g.const(0.0)), axes))
+    return g.op("Where", renorm, g.op("Mul", weight, scale), weight)
+
+
 # -- searching and counting ------------------------------------------------------------
 
 
