@@ -672,3 +672,29 @@ def test_pooling_and_transposed_conv_edge_geometry():
     check_lowered(lambda x: F.avg_pool2d(x, 2, 3, 1, ceil_mode=True, count_include_pad=False), f32(2, 3, 10, 12))
     check_lowered(grad_of(lambda x: F.avg_pool2d(x, 2, 3, 1, ceil_mode=True)), f32(2, 3, 10, 11))
     check_lowered(lambda x, i: torch.gather(x, 0, i), f32(5), torch.zeros(2, 0, dtype=torch.long))
+
+
+POLYNOMIALS = [name for name in dir(torch.special) if name.endswith(tuple(f"polynomial_{k}" for k in ("t", "u", "v", "w", "h", "he", "l", "p")))]
+
+
+@pytest.mark.parametrize("name", POLYNOMIALS)
+def test_orthogonal_polynomials(name):
+    fn = getattr(torch.special, name)
+    # the edges aten special-cases (|x| = 1, x = 0, x = 1), |x| > 1, and degrees that take
+    # each branch: negative, 0, 1, the recurrence, the trigonometric form past 4/6/8
+    x = torch.cat([torch.tensor([1.0, -1.0, 0.0, 0.5, -0.5, 0.25, 1.5, -2.0, 3.0]), torch.rand(12) * 2.4 - 1.2])
+    n = torch.tensor([-3.0, 0.0, 1.0, 2.0, 3.0, 4.6, 5.0, 7.0, 9.0, 12.0, 13.0, 20.0])
+    check_lowered(lambda x, n: fn(x[:, None], n), x, n, rtol=2e-4)
+    check_lowered(lambda x, n: (fn(x, 3), fn(0.5, n)), x[:12], n)  # scalar degree, scalar x
+    check_lowered(lambda x, n: fn(x, n), torch.arange(-2, 3), torch.tensor([0, 1, 2, 3, 9]))  # integers: float32 result
+    check_lowered(lambda x, n: fn(x, n), torch.empty(0, 3), torch.tensor(3.0))
+
+
+def test_orthogonal_polynomials_of_nan_are_nan():
+    # aten's loop stops at once for NaN and returns an uninitialized value (seen: 1e28, 1e-45, 0);
+    # ortlite returns NaN
+    for name in POLYNOMIALS:
+        torch._dynamo.reset()
+        fn = getattr(torch.special, name)
+        got = torch.compile(lambda x, n: fn(x, n), backend=ortlite.Backend())(torch.tensor([float("nan")] * 3), torch.tensor([2.0, 5.0, 11.0]))
+        assert got.isnan().all(), (name, got)
