@@ -698,3 +698,49 @@ def test_orthogonal_polynomials_of_nan_are_nan():
         fn = getattr(torch.special, name)
         got = torch.compile(lambda x, n: fn(x, n), backend=ortlite.Backend())(torch.tensor([float("nan")] * 3), torch.tensor([2.0, 5.0, 11.0]))
         assert got.isnan().all(), (name, got)
+
+
+def _int_windows_cases():
+    def ri(*shape, scale=1):
+        return torch.randint(-9, 9, shape) * scale
+
+    return {
+        "conv2d": (lambda x, w, b: F.conv2d(x, w, b), ri(2, 3, 6, 5), ri(4, 3, 3, 2), ri(4)),
+        "conv2d_strided_dilated": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, dilation=(1, 2)), ri(2, 4, 7, 6), ri(6, 4, 3, 3), ri(6)),
+        "conv2d_groups": (lambda x, w, b: F.conv2d(x, w, None, stride=(2, 1), padding=(2, 0), groups=2), ri(2, 4, 7, 6), ri(6, 2, 3, 3), ri(6)),
+        "conv1d": (lambda x, w, b: F.conv1d(x, w, b, padding=2), ri(2, 3, 9), ri(4, 3, 3), ri(4)),
+        "conv3d": (lambda x, w, b: F.conv3d(x, w, b, stride=2, padding=1), ri(1, 2, 5, 4, 6), ri(3, 2, 2, 3, 2), ri(3)),
+        "conv_same": (lambda x, w, b: F.conv2d(x, w, b, padding="same", dilation=2), ri(2, 3, 6, 5), ri(4, 3, 3, 2), ri(4)),
+        "conv_wrapping": (lambda x, w, b: F.conv2d(x, w, b), ri(2, 3, 6, 5, scale=2**40), ri(4, 3, 3, 2, scale=2**30), ri(4)),
+        "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1), ri(2, 3, 4, 5), ri(3, 4, 3, 3), ri(4)),
+        "conv_transpose2d_groups": (
+            lambda x, w, b: F.conv_transpose2d(x, w, None, stride=(3, 2), padding=(0, 2), dilation=2, groups=3, output_padding=(1, 1)),
+            ri(2, 3, 4, 5), ri(3, 2, 3, 3), ri(6),
+        ),
+        "conv_transpose1d": (lambda x, w, b: F.conv_transpose1d(x, w, b, stride=3), ri(2, 3, 4), ri(3, 2, 4), ri(2)),
+        "conv_transpose3d": (lambda x, w, b: F.conv_transpose3d(x, w, b, stride=2, padding=1), ri(1, 2, 3, 4, 3), ri(2, 3, 2, 3, 2), ri(3)),
+        "max_pool2d": (lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True), ri(2, 3, 7, 6)),
+        "max_pool2d_ceil_dilated_unbatched": (
+            lambda x: F.max_pool2d(x, (3, 2), stride=(2, 1), padding=(1, 1), dilation=(2, 1), ceil_mode=True, return_indices=True),
+            ri(3, 7, 6),
+        ),
+        "max_pool3d": (lambda x: F.max_pool3d(x, 2, stride=1, padding=1, return_indices=True), ri(1, 2, 4, 3, 5)),
+        "max_pool1d_int8": (lambda x: F.max_pool1d(x, 3, stride=2, return_indices=True), ri(2, 3, 9).to(torch.int8)),
+        "max_pool_of_lowest": (lambda x: F.max_pool2d(x, 2, padding=1, return_indices=True), torch.full((1, 1, 4, 4), torch.iinfo(torch.int64).min)),
+        "avg_pool2d_ceil": (lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True), ri(1, 1, 4, 4, scale=3)),
+        "avg_pool2d_exclude_pad": (lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False), ri(2, 3, 7, 6)),
+        "avg_pool2d_divisor": (lambda x: F.avg_pool2d(x, 2, divisor_override=3), ri(2, 3, 6, 6)),
+        "avg_pool1d": (lambda x: F.avg_pool1d(x, 3, stride=2, padding=1, ceil_mode=True), ri(2, 3, 8)),
+        "avg_pool3d": (lambda x: F.avg_pool3d(x, 2, stride=1, padding=1), ri(1, 2, 4, 3, 5)),
+    }
+
+
+INT_WINDOWS = _int_windows_cases()
+
+
+@pytest.mark.parametrize("case", INT_WINDOWS.values(), ids=INT_WINDOWS.keys())
+def test_integer_convolution_and_pooling(case):
+    # ONNX Runtime's Conv and pools are float-only: gathered windows reduced in int64
+    # (products wrap as aten's; averages truncate; max indices are the first max)
+    fn, *args = case
+    check_lowered(fn, *args, rtol=0, atol=0)

@@ -8,7 +8,8 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import arg_val, aten, is_float, may_be_empty, norm_dim, out_dtype, out_shape
+from . import windows
+from .common import arg_val, aten, is_float, is_static, may_be_empty, norm_dim, out_dtype, out_shape
 
 
 def _float_check(node):
@@ -80,13 +81,26 @@ def _conv_check(node):
     x = node.args[0].meta["val"]
     if x.dim() not in (3, 4, 5):
         return "unbatched convolution input"
-    return _float_check(node)
+    if is_float(x.dtype):
+        return None
+    weight, out = arg_val(node, 1), out_shape(node)
+    if not (is_static(x.shape) and is_static(weight.shape) and is_static(out)):
+        return "integer convolution with symbolic sizes"
+    if not windows.fits(x.shape[0], x.shape[1], (math.prod(out[2:]), math.prod(weight.shape[2:]))):
+        return "integer convolution too large to gather"
+    return None
 
 
 @lower(aten.convolution.default, check=_conv_check, symbolic=True)
 def convolution(g, node, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.rank - 2
     stride, padding, dilation, output_padding = (_spatial_list(v, spatial) for v in (stride, padding, dilation, output_padding))
+    if not is_float(x.dtype):
+        source = windows.transposed_source if transposed else windows.direct_source
+        out, kernel = out_shape(node)[2:], weight.shape[2:]
+        sources = [source(out[i], x.shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(spatial)]
+        table = windows.window_table(sources, list(x.shape[2:]))
+        return windows.int_convolution(g, x, weight, bias, out_shape(node), table, int(groups), transposed, out_dtype(node))
     if transposed and any(o >= s for o, s in zip(output_padding, stride)):
         return _wide_output_padding(g, node, x, weight, bias, stride, padding, dilation, groups)
     return g.op(

@@ -11,6 +11,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
+from . import windows
 from .common import aten, arg_val, is_float, is_static, may_be_zero, out_shape
 
 
@@ -60,7 +61,7 @@ def _max_pool_check(node):
     if any(may_be_zero(d) for d in x.shape):
         return "empty input"
     if not is_float(x.dtype):
-        return "non-float input"
+        return _int_window_check(x, out_shape(node)[-spatial:], node.args[1], spatial)
     if any(user.target is not operator.getitem for user in node.users):
         return "output used whole"
     if math.prod(x.shape[-spatial:]) > 2**24:
@@ -85,11 +86,33 @@ def _grow(g, v, shape, lead, tail, fill, dtype):
     return v
 
 
+def _int_window_check(x, out_spatial, kernel_size, spatial: int):
+    if not is_static(x.shape):
+        return "integer pooling with symbolic sizes"
+    batch = x.shape[0] if x.dim() == spatial + 2 else 1
+    if not windows.fits(batch, x.shape[-spatial - 1], (math.prod(out_spatial), math.prod(_tuple(kernel_size, spatial)))):
+        return "integer pooling too large to gather"
+    return None
+
+
+def _int_pool_table(x_shape, spatial, out_spatial, kernel, strides, pads, dilations=None):
+    dilations = dilations or [1] * spatial
+    sizes = list(x_shape[-spatial:])
+    sources = [windows.direct_source(out_spatial[i], sizes[i], kernel[i], strides[i], pads[i], dilations[i]) for i in range(spatial)]
+    return windows.window_table(sources, sizes)
+
+
 @lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check, symbolic=True)
 def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
     x, unbatched = _batched(g, x, spatial)
     kernel, strides, dilations, begins, ends = _pool_args(x.shape, spatial, out_shape(node)[-spatial:], kernel_size, stride, padding, dilation)
+    if not is_float(x.dtype):
+        out_spatial = out_shape(node)[-spatial:]
+        table = _int_pool_table(x.shape, spatial, out_spatial, kernel, strides, begins, dilations)
+        with_indices = any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
+        values, indices = windows.int_max_pool(g, x, table, (*x.shape[:2], *out_spatial), x.dtype, with_indices)
+        return _unbatch(g, values, unbatched), indices if indices is None else _unbatch(g, indices, unbatched)
     sizes = list(x.shape[-spatial:])
     plane = math.prod(sizes)
     positions = torch.arange(1, plane + 1, dtype=torch.float32).view(sizes)
@@ -195,7 +218,7 @@ def _avg_pool_check(node):
     if x.dim() not in (spatial + 1, spatial + 2):
         return "input rank"
     if not is_float(x.dtype):
-        return "non-float input"
+        return _int_window_check(x, out_shape(node)[-spatial:], node.args[1], spatial)
     return None
 
 
@@ -212,6 +235,13 @@ def _avg_args(node, x_shape, spatial, kernel_size, stride, padding, ceil_mode, c
 def avg_pool(g, node, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     spatial = _avg_spatial(node)
     x, unbatched = _batched(g, x, spatial)
+    if not is_float(x.dtype):
+        out_spatial = out_shape(node)[-spatial:]
+        kernel, strides, _, begins, _ = _pool_args(x.shape, spatial, out_spatial, kernel_size, stride, padding)
+        divisor, nonempty = _avg_divisors(x.shape[-spatial:], out_spatial, kernel, strides, begins, count_include_pad, divisor_override)
+        table = _int_pool_table(x.shape, spatial, out_spatial, kernel, strides, begins)
+        result = windows.int_avg_pool(g, x, table, divisor, nonempty, (*x.shape[:2], *out_spatial), x.dtype)
+        return _unbatch(g, result, unbatched)
     kernel, strides, begins, ends, scale = _avg_args(node, x.shape, spatial, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     if bool((scale == 1).all()) and not any(begins + ends):
         return _unbatch(g, g.op("AveragePool", x, kernel_shape=kernel, strides=strides), unbatched)
