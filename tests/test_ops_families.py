@@ -542,7 +542,19 @@ def test_adaptive_max_pool_values(size):
     check_lowered(lambda x: F.adaptive_max_pool2d(x, size), x)
     check_lowered(lambda x: F.adaptive_max_pool1d(x, size[1]), f32(2, 3, 10))
     check_lowered(lambda x: F.adaptive_max_pool3d(x, (2,) + size), f32(1, 2, 4, 8, 10))
-    check_fallback(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), x, op="aten.adaptive_max_pool2d.default")
+
+
+@pytest.mark.parametrize("size", [(1, 1), (3, 4), (9, 11)])
+def test_adaptive_max_pool_indices(size):
+    # aten's index: the first max in the window, or its last NaN; ties, -inf and inf planes
+    x = f32(2, 3, 7, 9)
+    x[0, 0, 1, 1] = x[0, 0, 2, 2] = float("nan")
+    x[1, 1, 3, :] = float("inf")
+    x[1, 2] = -float("inf")
+    check_lowered(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), x)
+    check_lowered(lambda x: F.adaptive_max_pool2d(x, size, return_indices=True), torch.randint(0, 3, (2, 3, 7, 9)).float())
+    check_lowered(lambda x: F.adaptive_max_pool1d(x, size[1], return_indices=True), x[0])
+    check_lowered(lambda x: F.adaptive_max_pool3d(x, (2,) + size, return_indices=True), x[None].double())
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])

@@ -111,7 +111,7 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
         out_spatial = out_shape(node)[-spatial:]
         table = _int_pool_table(x.shape, spatial, out_spatial, kernel, strides, begins, dilations)
         with_indices = any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
-        values, indices = windows.int_max_pool(g, x, table, (*x.shape[:2], *out_spatial), x.dtype, with_indices)
+        values, indices = windows.max_pool(g, x, table, (*x.shape[:2], *out_spatial), with_indices)
         return _unbatch(g, values, unbatched), indices if indices is None else _unbatch(g, indices, unbatched)
     sizes = list(x.shape[-spatial:])
     plane = math.prod(sizes)
@@ -298,10 +298,17 @@ def _adaptive_check(node):
         x = arg_val(node, 1)
     if x.dim() not in (spatial + 1, spatial + 2) or 0 in x.shape[-spatial:]:
         return "input rank or empty planes"
-    if node.target in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default):
-        if any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users):
-            return "adaptive max-pool indices are used"
-    return None if is_float(x.dtype) else "non-float input"
+    if not is_float(x.dtype):
+        return "non-float input"
+    if node.target in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default) and _indices_used(node):
+        if x.dtype not in (torch.float32, torch.float64):
+            return "adaptive max-pool indices of half precision"
+        return _int_window_check(x, out_shape(node)[-spatial:], [-(-s // o) + 1 for s, o in zip(x.shape[-spatial:], out_shape(node)[-spatial:])], spatial)
+    return None
+
+
+def _indices_used(node) -> bool:
+    return any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
 
 
 def _along_axes(g, x: Value, matrices: list[torch.Tensor]) -> str:
@@ -346,10 +353,17 @@ def _windows(size: int, out: int) -> torch.Tensor:
 
 @lower(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default, check=_adaptive_check)
 def adaptive_max_pool(g, node, x, output_size):
-    # a window max is a max over each axis in turn; NaN anywhere in the window wins
     spatial = len(output_size)
     if 0 in out_shape(node):
-        return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node))), None
+        empty = g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
+        return empty, g.op("Expand", g.const(0, torch.int64), g.ints(out_shape(node)))
+    if _indices_used(node):
+        x, unbatched = _batched(g, x, spatial)
+        sizes = list(x.shape[-spatial:])
+        table = windows.window_table([windows.adaptive_source(o, s) for o, s in zip(output_size, sizes)], sizes)
+        values, indices = windows.max_pool(g, x, table, (*x.shape[:2], *output_size), True)
+        return _unbatch(g, values, unbatched), _unbatch(g, indices, unbatched)
+    # a window max is a max over each axis in turn; NaN anywhere in the window wins
     nan = Value(g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[x.dtype]), x.dtype, x.shape)
     result, has_nan = x, nan
     for i, (size, out) in enumerate(zip(x.shape[-spatial:], output_size)):

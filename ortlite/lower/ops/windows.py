@@ -37,6 +37,13 @@ def transposed_source(out: int, size: int, kernel: int, stride: int, pad: int, d
     return rows
 
 
+def adaptive_source(out: int, size: int) -> list[list[int]]:
+    """aten's adaptive windows [floor(o * size / out), ceil((o + 1) * size / out)), padded with -1."""
+    rows = [list(range((o * size) // out, -((-(o + 1) * size) // out))) for o in range(out)]
+    width = max(len(r) for r in rows)
+    return [r + [-1] * (width - len(r)) for r in rows]
+
+
 def window_table(sources: list[list[list[int]]], sizes: list[int]) -> torch.Tensor:
     """(outputs, taps) flat positions in the input plane (-1: padding) from per-axis tables."""
     table = torch.zeros((1, 1), dtype=I64)
@@ -49,15 +56,15 @@ def window_table(sources: list[list[list[int]]], sizes: list[int]) -> torch.Tens
     return table
 
 
-def gather_windows(g: GraphBuilder, x: Value, table: torch.Tensor, fill: int) -> Value:
-    """x (N, C, *spatial) as int64 windows (N, C, L, K); padding reads `fill`."""
+def gather_windows(g: GraphBuilder, x: Value, table: torch.Tensor, fill, dtype=I64) -> Value:
+    """x (N, C, *spatial) as windows (N, C, L, K) in dtype; padding reads `fill`."""
     n, c = x.shape[:2]
     plane = math.prod(x.shape[2:])
-    flat = g.op("Reshape", g.cast(x, I64), g.ints([n, c, plane]))
+    flat = g.op("Reshape", g.cast(x, dtype), g.ints([n, c, plane]))
     windows = g.op("Gather", flat, g.const(table.clamp(min=0)), axis=2)
     if bool((table < 0).any()):
-        windows = g.op("Where", g.const(table >= 0), windows, g.const(fill, I64))
-    return Value(windows, I64, (n, c, *table.shape))
+        windows = g.op("Where", g.const(table >= 0), windows, g.const(fill, dtype))
+    return Value(windows, dtype, (n, c, *table.shape))
 
 
 def fits(n: int, c: int, table_shape) -> bool:
@@ -96,23 +103,33 @@ def int_avg_pool(g: GraphBuilder, x: Value, table: torch.Tensor, divisor: torch.
     return g.op("Cast", g.op("Reshape", result, g.ints(list(out_shape))), to=TORCH_TO_ONNX[dtype])
 
 
-def int_max_pool(g: GraphBuilder, x: Value, table: torch.Tensor, out_shape, dtype, with_indices: bool):
-    """aten's integer max pool: the window max; its index is the first tap holding it (aten
-    scans the window in order and moves only on a strictly greater value), numbered within
-    the input plane."""
-    lowest = torch.iinfo(I64).min
-    windows = gather_windows(g, x, table, lowest)
-    values = g.op("ReduceMax", windows, g.ints([3]), keepdims=1)
+def max_pool(g: GraphBuilder, x: Value, table: torch.Tensor, out_shape, with_indices: bool):
+    """aten's window max, scanning each window in order: the value moves on a strictly
+    greater value or a NaN, so the index is the first tap holding the max, or the last NaN.
+    Indices are numbered within the input plane. Integers are reduced in int64."""
+    dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else I64
+    lowest = -math.inf if dtype != I64 else torch.iinfo(I64).min
+    windows = gather_windows(g, x, table, lowest, dtype)
+    real = g.const(table >= 0)
+    taps = table.shape[1]
     shaped = lambda v: g.op("Reshape", v, g.ints(list(out_shape)))  # noqa: E731
-    result = g.op("Cast", shaped(values), to=TORCH_TO_ONNX[dtype])
+    is_nan = None
+    if dtype != I64:
+        is_nan = g.op("IsNaN", windows)
+        windows = Value(g.op("Where", is_nan, g.const(lowest, dtype), windows), dtype, windows.shape)
+    values = g.op("ReduceMax", windows, g.ints([3]), keepdims=1)
+    if is_nan is not None:
+        has_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", is_nan, to=TORCH_TO_ONNX[torch.uint8]), g.ints([3]), keepdims=1), to=TORCH_TO_ONNX[torch.bool])
+        values = g.op("Where", has_nan, g.const(math.nan, dtype), values)
+    result = g.op("Cast", shaped(values), to=TORCH_TO_ONNX[x.dtype])
     if not with_indices:
         return result, None
-    taps = table.shape[1]
-    hit = g.op("Equal", windows, values)
-    if bool((table < 0).any()):
-        hit = g.op("And", hit, g.const(table >= 0))
-    tap = g.op("ReduceMin", g.op("Where", hit, g.const(torch.arange(taps)), g.const(taps, I64)), g.ints([3]), keepdims=1)
+    tap_numbers = g.const(torch.arange(taps))
+    hit = g.op("And", g.op("Equal", windows, values), real)
+    tap = g.op("ReduceMin", g.op("Where", hit, tap_numbers, g.const(taps, I64)), g.ints([3]), keepdims=1)
+    if is_nan is not None:
+        last_nan = g.op("ReduceMax", g.op("Where", g.op("And", is_nan, real), tap_numbers, g.const(-1, I64)), g.ints([3]), keepdims=1)
+        tap = g.op("Where", has_nan, last_nan, tap)
     n, c = x.shape[:2]
     positions = g.op("Expand", g.const(table[None, None]), g.ints([n, c, *table.shape]))
-    index = g.op("GatherElements", positions, tap, axis=3)
-    return result, shaped(index)
+    return result, shaped(g.op("GatherElements", positions, tap, axis=3))
