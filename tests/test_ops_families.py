@@ -756,3 +756,15 @@ def test_integer_convolution_and_pooling(case):
     # (products wrap as aten's; averages truncate; max indices are the first max)
     fn, *args = case
     check_lowered(fn, *args, rtol=0, atol=0)
+
+
+def test_det():
+    singular = f32(4, 4)
+    singular[:, 0] = singular[:, 1]
+    check_lowered(lambda x: torch.linalg.det(x), f32(5, 3, 3))
+    check_lowered(lambda x, s: (torch.det(x), torch.linalg.det(s)), f32(16, 16), singular)
+    check_lowered(lambda x: torch.linalg.det(x), f32(2, 1, 1))
+    check_lowered(lambda x: torch.linalg.det(x), f32(3, 0, 0))  # empty matrices: 1
+    check_lowered(lambda x: torch.linalg.det(x[::2].transpose(-1, -2)), f32(4, 3, 3))  # non-contiguous
+    check_fallback(lambda x: torch.linalg.det(x), f32(17, 17), op="aten._linalg_det.default")  # see DET_MAX
+    check_fallback(lambda x: torch.linalg.det(x), f32(3, 3).double(), op="aten._linalg_det.default")

@@ -1,8 +1,9 @@
-"""Matrix products."""
+"""Matrix products; determinants."""
 
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -153,3 +154,27 @@ def pdist(g, node, x, p=2.0):
     first = g.op("Gather", x, g.ints([i for i, _ in pairs]), axis=0)
     second = g.op("Gather", x, g.ints([j for _, j in pairs]), axis=0)
     return _p_distance(g, g.op("Sub", first, second), p, x.dtype, 1)
+
+
+# ONNX Runtime's Det (an LU factorization like aten's, pivoted differently) is as accurate
+# as aten's, but their float32 roundings drift apart with the size: on random matrices the
+# largest relative difference was 1e-5 at 8 x 8, 2.5e-5 at 16 x 16, 1e-4 at 32 x 32.
+DET_MAX = 16
+
+
+def _det_check(node):
+    x = arg_val(node, 0)
+    if x.dtype != torch.float32:
+        return f"det of {x.dtype} (ONNX Runtime's Det is float32 only)"
+    if any(user.target is not operator.getitem or user.args[1] != 0 for user in node.users):
+        return "the LU factors of det are used"
+    if x.shape[-1] > DET_MAX:
+        return f"det of a matrix larger than {DET_MAX} x {DET_MAX}"
+    return None
+
+
+@lower(aten._linalg_det.default, check=_det_check)
+def linalg_det(g, node, x):
+    if x.shape[-1] == 0 or 0 in x.shape:  # a 0 x 0 matrix has determinant 1; no matrices: empty
+        return g.op("Expand", g.const(1.0, x.dtype), g.ints(out_shape(node))), None, None
+    return g.op("Det", x), None, None
