@@ -590,6 +590,14 @@ def test_special_functions(op):
     check_lowered(lambda x: op(x), f32(0, 3))
 
 
+def test_erfc_keeps_relative_precision_in_the_tail():
+    # erfc(9.3) = 1.4e-39 in float32: 1 - erf(x) would give 0
+    x = torch.cat([torch.linspace(-30, 30, 601), torch.tensor([1.9999999, 2.0, 2.0000001, 9.3, 26.5, float("inf"), -float("inf"), float("nan")])])
+    check_lowered(torch.erfc, x, rtol=1e-6, atol=0)
+    check_lowered(torch.erfc, x.double(), rtol=1e-11, atol=0)
+    check_lowered(torch.erfc, torch.arange(-3, 4))  # integers: a float32 result
+
+
 def test_zeta():
     x = torch.tensor([1.0, 0.5, 2.0, 3.0, 4.5, 2.0, 3.0, 2.0, 7.0, float("nan"), 2.0])
     q = torch.tensor([1.0, 1.0, 0.5, -2.0, 3.0, -1.5, -1.5, 20.0, 1e-3, 1.0, float("inf")])
