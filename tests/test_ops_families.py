@@ -598,6 +598,19 @@ def test_erfc_keeps_relative_precision_in_the_tail():
     check_lowered(torch.erfc, torch.arange(-3, 4))  # integers: a float32 result
 
 
+@pytest.mark.parametrize("op", [torch.special.erfcx, torch.special.log_ndtr])
+def test_erfcx_and_log_ndtr(op):
+    x = torch.cat([torch.linspace(-30, 30, 301), torch.tensor([-1.0, -1.0000001, 2.0, -26.5, -27.0, 1e8, float("inf"), -float("inf"), float("nan")])])
+    check_lowered(op, x, rtol=1e-5)
+    check_lowered(op, x.double(), rtol=1e-11)
+
+
+def test_ndtri():
+    y = torch.cat([torch.linspace(0, 1, 201), torch.tensor([1e-30, 1e-15, 0.135, 0.136, 0.865, 1 - 1e-7, -0.1, 1.1, float("nan")])])
+    check_lowered(torch.special.ndtri, y, rtol=1e-5)
+    check_lowered(torch.special.ndtri, y.double(), rtol=1e-12)
+
+
 def test_zeta():
     x = torch.tensor([1.0, 0.5, 2.0, 3.0, 4.5, 2.0, 3.0, 2.0, 7.0, float("nan"), 2.0])
     q = torch.tensor([1.0, 1.0, 0.5, -2.0, 3.0, -1.5, -1.5, 20.0, 1e-3, 1.0, float("inf")])

@@ -13,6 +13,7 @@ import torch
 
 from ..builder import Value
 from ..registry import lower
+from . import cephes
 from .common import aten, is_float, out_dtype
 
 F64 = torch.float64
@@ -306,11 +307,11 @@ def polygamma(g, node, n, x):
 # -- complementary error function -----------------------------------------------------
 
 
-def _erfc(g, x):
-    """erfc in float64 to ~1e-13 relative: 1 - erf(x) by erf's Taylor series for |x| < 2,
-    and for |x| >= 2 Laplace's continued fraction, 60 terms evaluated from the tail (no
-    cancellation: erfc(26) = 5.7e-296 keeps its digits), reflected as 2 - erfc(-x) for x < 0."""
-    m = Math(g)
+def _erfc_parts(m, x):
+    """Pieces of erfc in float64, each to ~1e-13 relative: (series, fraction, z) where
+    series = 1 - erf(x) by erf's Taylor series, used for |x| < 2, and, with z = |x| >= 2,
+    fraction = erfcx(z) = exp(z^2) erfc(z) by Laplace's continued fraction, 60 terms
+    evaluated from the tail (no cancellation: erfc(26) = 5.7e-296 keeps its digits)."""
     small = m.op("Clip", x, m.c(-2), m.c(2))
     square = m.mul(small, small)
     total, term = m.c(0), small
@@ -322,15 +323,84 @@ def _erfc(g, x):
     tail = m.c(0)
     for n in range(60, 0, -1):
         tail = m.div(m.c(n / 2), m.add(z, tail))
-    fraction = m.div(m.div(m.op("Exp", m.op("Neg", m.mul(z, z))), m.c(math.sqrt(math.pi))), m.add(z, tail))
-    fraction = m.where(m.op("Less", x, m.c(0)), m.sub(m.c(2), fraction), fraction)
-    result = m.where(m.op("Less", m.op("Abs", x), m.c(2)), series, fraction)
+    fraction = m.div(m.c(1 / math.sqrt(math.pi)), m.add(z, tail))
+    return series, fraction, z
+
+
+def _erfc(g, x):
+    """erfc: the series for |x| < 2, exp(-z^2) erfcx(z) beyond, reflected as 2 - erfc(-x)."""
+    m = Math(g)
+    series, fraction, z = _erfc_parts(m, x)
+    tail = m.mul(m.op("Exp", m.op("Neg", m.mul(z, z))), fraction)
+    tail = m.where(m.op("Less", x, m.c(0)), m.sub(m.c(2), tail), tail)
+    result = m.where(m.op("Less", m.op("Abs", x), m.c(2)), series, tail)
     return m.where(m.op("IsNaN", x), x, result)
+
+
+def _erfcx(g, x):
+    """erfcx = exp(x^2) erfc(x): the continued fraction for x >= 2, exp(x^2) times the
+    series for |x| < 2, 2 exp(x^2) - erfcx(-x) for x <= -2 (inf past -26.7, as aten)."""
+    m = Math(g)
+    series, fraction, z = _erfc_parts(m, x)
+    grow = m.op("Exp", m.mul(x, x))
+    result = m.where(m.op("Less", x, m.c(0)), m.sub(m.mul(m.c(2), grow), fraction), fraction)
+    result = m.where(m.op("Less", m.op("Abs", x), m.c(2)), m.mul(grow, series), result)
+    return m.where(m.op("IsNaN", x), x, result)
+
+
+def _log1p(m, u):
+    """log(1 + u) without losing u's digits when |u| is small (Kahan's trick)."""
+    w = m.add(m.c(1), u)
+    exact = m.mul(m.op("Log", w), m.div(u, m.sub(w, m.c(1))))
+    return m.where(m.op("Equal", w, m.c(1)), u, exact)
 
 
 @lower(aten.erfc.default, check=_float_check)
 def erfc(g, node, x):
     return _finish(g, node, _erfc(g, _input(g, x)))
+
+
+@lower(aten.special_erfcx.default, check=_float_check)
+def erfcx(g, node, x):
+    return _finish(g, node, _erfcx(g, _input(g, x)))
+
+
+@lower(aten.special_log_ndtr.default, check=_float_check)
+def log_ndtr(g, node, x):
+    # aten's calc_log_ndtr: log(erfcx(-t) / 2) - t^2 below x = -1, else log1p(-erfc(t) / 2)
+    m = Math(g)
+    x = _input(g, x)
+    t = m.mul(x, m.c(math.sqrt(0.5)))
+    low = m.sub(m.op("Log", m.div(_erfcx(g, m.op("Neg", t)), m.c(2))), m.mul(t, t))
+    high = _log1p(m, m.div(m.op("Neg", _erfc(g, t)), m.c(2)))
+    return _finish(g, node, m.where(m.op("Less", x, m.c(-1)), low, high))
+
+
+@lower(aten.special_ndtri.default, check=_float_check)
+def ndtri(g, node, y0):
+    """aten's calc_ndtri (Cephes): a rational function of y - 1/2 in the middle, of
+    1 / sqrt(-2 log y) in the tails."""
+    m = Math(g)
+    y0 = _input(g, y0)
+    t = cephes.NDTRI
+    edge = 0.13533528323661269189  # exp(-2)
+    upper = m.op("Greater", y0, m.c(1 - edge))
+    y = m.where(upper, m.sub(m.c(1), y0), y0)
+    middle = m.sub(y, m.c(0.5))
+    y2 = m.mul(middle, middle)
+    central = m.mul(m.add(middle, m.mul(middle, m.div(m.mul(y2, m.polevl(y2, t["P0"])), m.polevl(y2, t["Q0"])))), m.c(2.50662827463100050242))
+    safe_y = m.op("Max", m.op("Min", y, m.c(edge)), m.c(1e-300))
+    x = m.op("Sqrt", m.mul(m.c(-2), m.op("Log", safe_y)))
+    x0 = m.sub(x, m.div(m.op("Log", x), x))
+    z = m.div(m.c(1), x)
+    near = m.div(m.mul(z, m.polevl(z, t["P1"])), m.polevl(z, t["Q1"]))
+    far = m.div(m.mul(z, m.polevl(z, t["P2"])), m.polevl(z, t["Q2"]))
+    tails = m.sub(x0, m.where(m.op("Less", x, m.c(8)), near, far))
+    tails = m.where(upper, tails, m.op("Neg", tails))
+    result = m.where(m.op("Greater", y, m.c(edge)), central, tails)
+    result = m.where(m.op("Equal", y0, m.c(0)), m.c(-math.inf), m.where(m.op("Equal", y0, m.c(1)), m.c(math.inf), result))
+    outside = m.op("Or", m.op("Less", y0, m.c(0)), m.op("Greater", y0, m.c(1)))
+    return _finish(g, node, m.where(m.op("Or", outside, m.op("IsNaN", y0)), m.c(math.nan), result))
 
 
 # -- inverse error function ------------------------------------------------------------
@@ -375,7 +445,6 @@ def erfinv(g, node, y):
 
 # -- Bessel functions of the first and second kind, modified of the second kind --------
 
-from . import cephes  # noqa: E402
 
 QUARTER_PI, THREE_QUARTER_PI = 0.785398163397448309615660845819875721, 2.356194490192344928846982537459627163
 SQRT_2_OVER_PI = 0.797884560802865355879892119868763737
