@@ -129,6 +129,17 @@ def test_shifts_past_the_width_and_by_negative_amounts(dtype):
     check_lowered(lambda a, b: a[:, None] >> b[::2], a, b, rtol=0, atol=0)  # broadcast, non-contiguous
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_gcd_and_lcm_wrap_as_aten(dtype):
+    # |INT_MIN| stays negative; lcm's product wraps in int (narrower types are promoted) or its own width
+    info = torch.iinfo(dtype)
+    edges = torch.tensor([[0, 0], [0, 5], [6, 4], [-4, 6], [info.min, 2], [12, -18], [7, 0], [-9, info.min], [info.max, info.max - 1], [info.min, info.min]])
+    a, b = edges.clamp(info.min, info.max).to(dtype).unbind(1)
+    check_lowered(lambda a, b: (torch.gcd(a, b), torch.lcm(a, b)), a, b, rtol=0, atol=0)
+    r = torch.randint(info.min, info.max, (2, 40), dtype=torch.int64).to(dtype)
+    check_lowered(lambda a, b: (torch.gcd(a, b), torch.lcm(a, b), torch.gcd(a[:, None], b[::4])), r[0], r[1], rtol=0, atol=0)
+
+
 # -- casts -----------------------------------------------------------------------------
 
 

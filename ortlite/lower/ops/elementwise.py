@@ -523,6 +523,58 @@ def bitwise_shift(g, node, a, b):
     return g.op("Cast", g.op("Where", negative, g.op("BitwiseNot", shifted), shifted), to=TORCH_TO_ONNX[dtype])
 
 
+def _gcd_check(node):
+    return None if out_dtype(node) in common.INT_DTYPES else f"gcd of {out_dtype(node)}"
+
+
+def _wrapped(g, x: str, dtype: torch.dtype) -> str:
+    """An int64 value as aten's `dtype` arithmetic leaves it: wrapped to its width."""
+    if dtype == torch.int64:
+        return x
+    return g.op("Cast", g.op("Cast", x, to=TORCH_TO_ONNX[dtype]), to=TensorProto.INT64)
+
+
+def _gcd(g, node, a, b) -> str:
+    """aten's calc_gcd in int64: a, b = |a|, |b| (wrapped: |-128| is -128 in int8); while
+    a != 0: a, b = b % a, a (C's %), as an ONNX Loop while any element runs."""
+    dtype, shape = out_dtype(node), g.shape(out_shape(node))
+    i64 = torch.int64
+    zero = g.const(0, i64)
+    a, b = (Value(_wrapped(g, g.op("Expand", g.op("Abs", as_value(g, v, i64)), shape), dtype), i64, out_shape(node)) for v in (a, b))
+
+    def any_running(b_, a):
+        running = b_.op("Cast", b_.op("Not", b_.op("Equal", a, zero)), to=TensorProto.UINT8)
+        return b_.op("Cast", b_.op("ReduceMax", running, keepdims=0), to=TensorProto.BOOL)
+
+    def step(b_, i, a, b):
+        running = b_.op("Not", b_.op("Equal", a, zero))
+        remainder = b_.op("Mod", b, b_.op("Where", running, a, g.const(1, i64)), fmod=1)
+        a_next = b_.op("Where", running, remainder, zero)
+        return any_running(b_, a_next), a_next, b_.op("Where", running, a, b)
+
+    _, result = g.loop(None, any_running(g, a), [a, b], step)
+    return result
+
+
+@lower(aten.gcd.default, check=_gcd_check)
+def gcd(g, node, a, b):
+    return g.op("Cast", _gcd(g, node, a, b), to=TORCH_TO_ONNX[out_dtype(node)])
+
+
+@lower(aten.lcm.default, check=_gcd_check)
+def lcm(g, node, a, b):
+    # aten: g == 0 ? 0 : |a / g * b| in C++ arithmetic: int for types narrower than int
+    # (promoted), else the type's own width
+    dtype, i64 = out_dtype(node), torch.int64
+    width = torch.int64 if dtype == torch.int64 else torch.int32
+    divisor = _gcd(g, node, a, b)
+    is_zero = g.op("Equal", divisor, g.const(0, i64))
+    quotient = g.op("Div", as_value(g, a, i64), g.op("Where", is_zero, g.const(1, i64), divisor))
+    product = _wrapped(g, g.op("Mul", quotient, as_value(g, b, i64)), width)
+    result = g.op("Where", is_zero, g.const(0, i64), g.op("Abs", product))
+    return g.op("Cast", result, to=TORCH_TO_ONNX[dtype])
+
+
 # -- binary math -----------------------------------------------------------------------
 
 
