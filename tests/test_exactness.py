@@ -89,6 +89,15 @@ def test_int_division_by_zero_raises_as_aten(op):
         torch.compile(lambda a: op(a, 0), backend=backend)(ints(20))
 
 
+def test_int_division_and_remainders_are_exact_past_2_53():
+    # ONNX Runtime's integer Mod with fmod=1 goes through double: fmod(2**63 - 1, 2**63 - 2) gave 0
+    a = torch.tensor([2**63 - 1, -(2**62 + 1), 2**53 + 1, 10**18 + 7, -(2**63) + 1])
+    b = torch.tensor([2**63 - 2, 3, 2, 10**9, 7])
+    for op in INT_DIVISIONS.values():
+        check_lowered(op, a, b, rtol=0, atol=0)
+        check_lowered(lambda a: op(a, 3), a, rtol=0, atol=0)
+
+
 def test_int_division_by_zero_meeting_no_element_does_not_raise():
     # a zero divisor broadcast against an empty dividend divides nothing: aten does not raise
     check_lowered(lambda a, b: (a // b, a % b), torch.empty(0, 3, dtype=torch.int64), torch.tensor([0, 1, 2]))

@@ -59,6 +59,12 @@ def wrap_int(value: int, dtype: torch.dtype) -> int:
     return (value - info.min) % span + info.min
 
 
+def c_remainder(g: GraphBuilder, a: str, b: str) -> str:
+    """C's a % b for integers (the dividend's sign): a - trunc(a / b) * b. (ONNX Runtime's
+    integer Mod with fmod=1 goes through double: wrong past 2**53.)"""
+    return g.op("Sub", a, g.op("Mul", g.op("Div", a, b), b))
+
+
 def norm_dim(dim: int, rank: int) -> int:
     return dim + rank if dim < 0 else dim
 

@@ -117,8 +117,11 @@ def div(g, node, a, b, *, rounding_mode=None):
     if rounding_mode is None or not is_float(dtype):
         quotient = g.op("Div", a, b)  # integer Div truncates toward zero
         if rounding_mode == "floor" and not is_float(dtype):
-            # floor(a / b) == (a - python_mod(a, b)) / b exactly for integers
-            quotient = g.op("Div", g.op("Sub", a, g.op("Mod", a, b, fmod=0)), b)
+            # aten's div_floor_integer: one less where the signs differ and there is a remainder
+            zero = g.const(0, dtype)
+            inexact = g.op("Not", g.op("Equal", common.c_remainder(g, a, b), zero))
+            signs_differ = g.op("Xor", g.op("Less", a, zero), g.op("Less", b, zero))
+            quotient = g.op("Sub", quotient, g.cast(Value(g.op("And", inexact, signs_differ), torch.bool, ()), dtype))
     elif rounding_mode == "trunc":
         q = g.op("Div", a, b)
         quotient = g.op("Where", g.op("Less", q, g.const(0, dtype)), g.op("Ceil", q), g.op("Floor", q))
@@ -202,7 +205,7 @@ def _int_pow(g: GraphBuilder, node, base, exponent) -> Value:
     ones = Value(g.op("Expand", one, shape), i64, out_shape(node))
     result, _, _ = g.loop(None, any_positive(g, e_pos), [ones, a, e_pos], step)
     # negative exponents: 1 ** e = 1, (-1) ** e = +-1, else 0 (integer truncation of 1 / a ** -e)
-    odd = g.op("Equal", g.op("Mod", e, two, fmod=1), g.const(-1, i64))
+    odd = g.op("Equal", common.c_remainder(g, e, two), g.const(-1, i64))
     minus_one = g.op("Where", odd, g.const(-1, i64), one)
     by_negative = g.op("Where", g.op("Equal", a, one), one, g.op("Where", g.op("Equal", a, g.const(-1, i64)), minus_one, zero))
     return Value(g.op("Where", negative, by_negative, result), i64, out_shape(node))
@@ -548,7 +551,7 @@ def _gcd(g, node, a, b) -> str:
 
     def step(b_, i, a, b):
         running = b_.op("Not", b_.op("Equal", a, zero))
-        remainder = b_.op("Mod", b, b_.op("Where", running, a, g.const(1, i64)), fmod=1)
+        remainder = common.c_remainder(b_, b, b_.op("Where", running, a, g.const(1, i64)))
         a_next = b_.op("Where", running, remainder, zero)
         return any_running(b_, a_next), a_next, b_.op("Where", running, a, b)
 
@@ -605,7 +608,8 @@ def fmod(g, node, a, b):
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
     if not is_float(dtype):
         b = _safe_int_divisor(g, node, b)
-    return _finish(g, node, g.op("Mod", a, b, fmod=1), dtype)
+    mod = g.op("Mod", a, b, fmod=1) if is_float(dtype) else common.c_remainder(g, a, b)
+    return _finish(g, node, mod, dtype)
 
 
 @lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, check=_int_divisor_check, symbolic=True)

@@ -59,8 +59,8 @@ class E:
     def to(self, dtype):
         return E(self.g, self.g.op("Cast", self.name, to=TORCH_TO_ONNX[dtype]), dtype) if dtype != self.dtype else self
 
-    def even(self):  # for int64: n % 2 == 0 (C's %, sign of n: zero either way)
-        return E(self.g, self.g.op("Mod", self.name, self.g.const(2, I64), fmod=1), I64).eq(0)
+    def even(self):  # for int64: n % 2 == 0
+        return E(self.g, self.g.op("Mod", self.name, self.g.const(2, I64)), I64).eq(0)
 
 
 def where(cond: E, a, b) -> E:
