@@ -180,6 +180,19 @@ def test_median():
     check_lowered(lambda x: x.median(), ints(7))
 
 
+def test_median_along_a_dim_and_its_index():
+    # the index of a tied median: aten breaks ties by position (the stable sort's), and with
+    # a NaN in the row the value is NaN and the index the first NaN's
+    x = torch.randint(0, 4, (6, 7, 9)).float()
+    x[torch.rand(6, 7, 9) < 0.1] = float("nan")
+    check_lowered(lambda x: (torch.median(x, 1), torch.median(x, -1, keepdim=True), torch.median(x, 0)), x)
+    check_lowered(lambda x: torch.median(x, 1), ints(5, 8, lo=0, hi=3))
+    check_lowered(lambda x: torch.median(x, 0), torch.tensor(3.0))
+    check_lowered(lambda x: torch.median(x[:, ::2], 1), f32(4, 10))
+    # nanmedian's index for an all-NaN row follows libstdc++'s nth_element: left to torch
+    check_fallback(lambda x: torch.nanmedian(x, 1), x, op="aten.nanmedian.dim")
+
+
 # -- shapes ----------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, is_float, may_be_zero, norm_dims, out_dtype, where
+from .common import arg_val, aten, is_float, may_be_zero, norm_dims, out_dtype, where
 
 
 def _reduce(g, node, op_type, x, dims, keepdim):
@@ -285,6 +285,39 @@ def _median_check(node):
     if x.dtype == torch.float64:
         return "float64 keys"
     return None
+
+
+def _median_dim_check(node):
+    x = arg_val(node, 0)
+    if x.dtype == torch.float64:
+        return "float64 keys"
+    if x.dim() and x.shape[norm_dims(arg_val(node, 1, "dim", 0), x.dim())[0]] == 0:
+        return "median of nothing"
+    return None
+
+
+@lower(aten.median.dim, check=_median_dim_check)
+def median_dim(g, node, x, dim=0, keepdim=False):
+    """aten's median along a dim: the (n - 1) // 2-th in stable sorted order (its index too:
+    aten breaks ties by position), or the first NaN if there is one."""
+    from .sort import _sort_key
+
+    if x.rank == 0:
+        return g.op("Identity", x), g.op("Identity", g.const(0, torch.int64))
+    axis = norm_dims(dim, x.rank)[0]
+    k = (x.shape[axis] - 1) // 2 + 1
+    _, order = g.op("TopK", _sort_key(g, x), g.ints([k]), axis=axis, largest=0, sorted=1, outputs=2)
+    index = g.op("Slice", order, g.ints([k - 1]), g.ints([k]), g.ints([axis]))
+    value = g.op("GatherElements", x, index, axis=axis)
+    if is_float(x.dtype):
+        is_nan = g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[torch.int32])
+        any_nan = g.op("Cast", g.op("ReduceMax", is_nan, g.ints([axis]), keepdims=1), to=TORCH_TO_ONNX[torch.bool])
+        first_nan = g.op("ArgMax", is_nan, axis=axis, keepdims=1, select_last_index=0)
+        index = g.op("Where", any_nan, first_nan, index)
+        value = g.op("Where", any_nan, g.const(float("nan"), x.dtype), value)
+    if not keepdim:
+        value, index = (g.op("Squeeze", v, g.ints([axis])) for v in (value, index))
+    return value, index
 
 
 @lower(aten.median.default, check=_median_check)
