@@ -1,6 +1,8 @@
 """The exactness rules of the op table, one test each: where ONNX's semantics differ from
 aten's, the lowering must match eager, or the node must fall back to torch."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -147,6 +149,18 @@ def test_gcd_and_lcm_wrap_as_aten(dtype):
     check_lowered(lambda a, b: (torch.gcd(a, b), torch.lcm(a, b)), a, b, rtol=0, atol=0)
     r = torch.randint(info.min, info.max, (2, 40), dtype=torch.int64).to(dtype)
     check_lowered(lambda a, b: (torch.gcd(a, b), torch.lcm(a, b), torch.gcd(a[:, None], b[::4])), r[0], r[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nextafter_is_bit_exact(dtype):
+    fi = torch.finfo(dtype)
+    edges = [0.0, -0.0, 1.0, -1.0, 2.0, 0.5, 3.0, fi.max, -fi.max, fi.tiny, fi.tiny / 2, -fi.tiny, fi.smallest_normal * 1.5]
+    edges = torch.tensor(edges + [math.inf, -math.inf, math.nan, 1e-40, 123.456, 2**-20, 1024.0], dtype=dtype)
+    x = torch.cat([edges.repeat(len(edges)), torch.randn(300, dtype=dtype) * 10.0 ** torch.randint(-30, 30, (300,))])
+    y = torch.cat([edges.repeat_interleave(len(edges)), torch.randn(300, dtype=dtype)])
+    backend = check_lowered(torch.nextafter, x, y, rtol=0, atol=0)
+    got, expected = torch.compile(torch.nextafter, backend=backend)(x, y), torch.nextafter(x, y)
+    assert torch.equal(got.signbit(), expected.signbit())  # nextafter(0, -0) is -0
 
 
 # -- casts -----------------------------------------------------------------------------

@@ -578,6 +578,47 @@ def lcm(g, node, a, b):
     return g.op("Cast", result, to=TORCH_TO_ONNX[dtype])
 
 
+def _nextafter_check(node):
+    return None if out_dtype(node) in (torch.float32, torch.float64) else f"nextafter of {out_dtype(node)}"
+
+
+@lower(aten.nextafter.default, check=_nextafter_check)
+def nextafter(g, node, x, y):
+    """The neighbour of x toward y, from its binade: |x| in [2**e, 2**(e+1)) moves by
+    ulp = 2**(e - mantissa bits), by half that when shrinking from a power of two (float64
+    arithmetic, exact for both dtypes: every float32 and its neighbours are doubles)."""
+    dtype = out_dtype(node)
+    info = torch.finfo(dtype)
+    bits = {torch.float32: 23, torch.float64: 52}[dtype]
+    min_exp = {torch.float32: -126, torch.float64: -1022}[dtype]
+    f64 = torch.float64
+    c = lambda v: g.const(float(v), f64)  # noqa: E731
+    x64, y64 = g.cast(as_value(g, x, dtype), f64), g.cast(as_value(g, y, dtype), f64)
+    size = g.op("Abs", x64)
+    e = g.op("Floor", g.op("Div", g.op("Log", g.op("Max", size, c(info.smallest_normal))), c(math.log(2))))
+    power = g.op("Pow", c(2), e)  # correct the logarithm's rounding near powers of two
+    e = g.op("Sub", e, g.op("Cast", g.op("Greater", power, size), to=TensorProto.DOUBLE))
+    e = g.op("Add", e, g.op("Cast", g.op("LessOrEqual", g.op("Mul", g.op("Pow", c(2), e), c(2)), size), to=TensorProto.DOUBLE))
+    e = g.op("Max", e, c(min_exp))  # subnormals: the smallest step
+    ulp = g.op("Pow", c(2), g.op("Sub", e, c(bits)))
+    up = g.op("Greater", y64, x64)
+    growing = g.op("Xor", up, g.op("Less", x64, c(0)))
+    at_power = g.op("And", g.op("Equal", size, g.op("Pow", c(2), e)), g.op("Greater", e, c(min_exp)))
+    shrink = g.op("Where", at_power, g.op("Mul", ulp, c(0.5)), ulp)
+    moved = g.op("Where", growing, g.op("Add", size, ulp), g.op("Sub", size, shrink))
+    moved = g.op("Where", g.op("IsInf", size), c(info.max), moved)  # from +-inf toward y: the largest finite
+    sign = g.op("Where", g.op("Less", x64, c(0)), c(-1), c(1))
+    result = g.op("Mul", sign, moved)
+    tiny = g.op("Where", up, c(2.0 ** (min_exp - bits)), c(-(2.0 ** (min_exp - bits))))
+    result = g.op("Where", g.op("Equal", x64, c(0)), tiny, result)
+    # y in Where's Y input: ONNX Runtime's CPU Where drops the sign of a -0.0 taken from X
+    # (and x != y is not a Not, which ONNX Runtime would fuse back into a swapped Where)
+    result = g.op("Where", g.op("Or", g.op("Less", x64, y64), g.op("Greater", x64, y64)), result, y64)
+    nan = g.op("Or", g.op("IsNaN", x64), g.op("IsNaN", y64))
+    result = g.op("Where", nan, c(math.nan), result)
+    return g.op("Cast", result, to=TORCH_TO_ONNX[dtype])
+
+
 # -- binary math -----------------------------------------------------------------------
 
 
