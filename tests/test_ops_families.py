@@ -802,3 +802,20 @@ def test_det():
     check_lowered(lambda x: torch.linalg.det(x[::2].transpose(-1, -2)), f32(4, 3, 3))  # non-contiguous
     check_fallback(lambda x: torch.linalg.det(x), f32(17, 17), op="aten._linalg_det.default")  # see DET_MAX
     check_fallback(lambda x: torch.linalg.det(x), f32(3, 3).double(), op="aten._linalg_det.default")
+
+
+def test_histc():
+    x = f32(1000)
+    check_lowered(lambda x: (torch.histc(x, 10), torch.histc(x, 7, min=-1, max=1)), x)
+    check_lowered(lambda x: torch.histc(x, 4), torch.tensor([2.0, 2.0]))  # one point: widened by 1
+    check_lowered(lambda x: torch.histc(x, 4, min=2, max=2), torch.tensor([1.0, 2.0, 3.0]))  # min == max: the data's range
+    check_lowered(lambda x: torch.histc(x, 3, min=0, max=4), torch.tensor([1.0, float("nan"), 3.0, 4.0, -1.0]))  # NaN skipped, 4 in the last bin
+    check_lowered(lambda x: (torch.histc(x, 10, min=0, max=1), torch.histc(x.double(), 13)), torch.linspace(0, 1, 101))
+    check_lowered(lambda x: torch.histc(x, 3), torch.empty(0))
+    check_lowered(lambda x: torch.histc(x, 5), torch.tensor(3.0))
+    compiled = torch.compile(lambda x: torch.histc(x, 4), backend=ortlite.Backend(ortlite.Options(fallback="error")))
+    for bad in (torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("inf")])):  # aten raises for these ranges
+        with pytest.raises(RuntimeError, match="histc: range of .* is not finite"):
+            torch.histc(bad, 4)
+        with pytest.raises(RuntimeError, match="histc: range of .* is not finite"):
+            compiled(bad)

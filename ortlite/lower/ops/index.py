@@ -362,6 +362,45 @@ def embedding_renorm(g, node, weight, indices, max_norm, norm_type):
 # -- searching and counting ------------------------------------------------------------
 
 
+def _histc_check(node):
+    x = arg_val(node, 0)
+    if x.dtype not in (torch.float32, torch.float64):
+        return f"histc of {x.dtype}"
+    low, high = (arg_val(node, i, name, 0) for i, name in ((2, "min"), (3, "max")))
+    if low == high and x.device.type != "cpu":
+        return "histc over the data's range on CUDA"  # its range errors are raised on the CPU
+    return None
+
+
+@lower(aten.histc.default, check=_histc_check)
+def histc(g, node, x, bins=100, min=0, max=0):
+    """aten's histc: bins over [min, max], or over the data's range when min == max
+    (widened by 1 each way when that is one point; a NaN or inf in it raises, as aten);
+    bin = trunc((x - left) * bins / (right - left)) in x's dtype, the right edge in the last
+    bin, values outside and NaN skipped."""
+    dtype = x.dtype
+    flat = g.op("Reshape", x, g.ints([-1]))
+    if min != max:
+        left, right = g.const(min, dtype), g.const(max, dtype)
+    elif math.prod(x.shape) == 0:
+        left, right = g.const(min - 1, dtype), g.const(max + 1, dtype)
+    else:
+        low, high = g.op("ReduceMin", flat, keepdims=0), g.op("ReduceMax", flat, keepdims=0)
+        finite = g.op("Not", g.op("Or", g.op("IsNaN", flat), g.op("IsInf", flat)))
+        all_finite = g.op("Cast", g.op("ReduceMin", g.op("Cast", finite, to=TORCH_TO_ONNX[torch.uint8]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
+        g.fail_if(g.op("Not", all_finite), "torch.histc: range of the input is not finite")
+        one_point = g.op("Equal", low, high)
+        left = g.op("Where", one_point, g.op("Sub", low, g.const(1, dtype)), low)
+        right = g.op("Where", one_point, g.op("Add", high, g.const(1, dtype)), high)
+    inside = g.op("And", g.op("GreaterOrEqual", flat, left), g.op("LessOrEqual", flat, right))
+    scaled = g.op("Div", g.op("Mul", g.op("Sub", flat, left), g.const(bins, dtype)), g.op("Sub", right, left))
+    position = g.op("Cast", scaled, to=TORCH_TO_ONNX[torch.int64])  # clipped: an inf range gives NaN here, then raises
+    position = g.op("Min", g.op("Max", position, g.const(0, torch.int64)), g.const(bins - 1, torch.int64))
+    position = g.op("Where", inside, position, g.const(0, torch.int64))
+    counts = g.op("Cast", inside, to=TORCH_TO_ONNX[dtype])
+    return g.op("ScatterElements", g.op("Expand", g.const(0, dtype), g.ints([bins])), position, counts, axis=0, reduction="add")
+
+
 def _searchsorted_check(node):
     seq = arg_val(node, 0) if node.target in (aten.searchsorted.Tensor, aten.searchsorted.Scalar) else arg_val(node, 1)
     if seq.dim() == 0:
