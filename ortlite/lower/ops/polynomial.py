@@ -123,6 +123,19 @@ def _ones(g, node, dtype) -> E:
     return E(g, g.op("Expand", g.const(1.0, dtype), g.shape(out_shape(node))), dtype)
 
 
+def _evaluate(g, node, x: E, n: E, branches, first: E, step, k_first: int, k_step: int = 1, stop_at_nan: bool = True) -> E:
+    """aten's if-chain: n < 0 gives 0, then `branches` (condition, value) in order, n == 0
+    gives 1, n == 1 `first`; elsewhere the recurrence from p = 1, q = first for n - 1 steps
+    (the loop runs only for elements no branch takes)."""
+    branches = [(n < 0, 0.0), *branches, (n.eq(0), 1.0), (n.eq(1), first)]
+    in_loop = ~(n < 2)
+    for condition, _ in branches[1:-2]:
+        in_loop = in_loop & ~condition
+    count = where(in_loop, n - 1, 0)
+    q = _recurrence(g, x, count, _ones(g, node, x.dtype), first, step, k_first, k_step, stop_at_nan)
+    return cases(branches, q)
+
+
 def _chebyshev(g, node, x, n, kind: str, shifted: bool) -> E:
     x, n = _inputs(g, node, x, n)
     ones = _ones(g, node, x.dtype)
@@ -143,21 +156,16 @@ def _chebyshev(g, node, x, n, kind: str, shifted: bool) -> E:
         degenerate = odd_sign(ones) if shifted else where(x > 0.0, two_n_1, odd_sign(ones))
         trig = cases([(half_cos.ne(1.0), ((nf(n) + 0.5) * angle).fn("Sin") / half_sin)], degenerate)
     threshold = {"t": 6, "u": 6 if shifted else 8, "v": 6 if shifted else 8, "w": 4 if shifted else 8}[kind]
+    at_one = {"t": ones, "u": nf(n + 1), "v": ones, "w": two_n_1}[kind]
     if shifted:  # at x == 1 and x == 0 (y == +-1)
-        at_one = {"t": ones, "u": nf(n + 1), "v": ones, "w": two_n_1}[kind]
         at_zero = odd_sign({"t": ones, "u": nf(n + 1), "v": two_n_1, "w": ones}[kind])
         edges = [(x.eq(1.0), at_one), (x.eq(0.0), at_zero)]
     else:  # at |x| == 1: the x = 1 value, or the x = -1 one
         at_minus_one = odd_sign({"t": ones, "u": nf(n + 1), "v": two_n_1, "w": ones}[kind])
-        at_one = {"t": ones, "u": nf(n + 1), "v": ones, "w": two_n_1}[kind]
         edges = [(x.fn("Abs").eq(1.0), where(x > 0.0, at_one, at_minus_one))]
     in_trig = (n > threshold) & (y.fn("Abs") < 1.0)
-    uses_loop = ~(n < 2) & ~in_trig
-    for cond, _ in edges:
-        uses_loop = uses_loop & ~cond
-    count = where(uses_loop, n - 1, 0)
-    q = _recurrence(g, x, count, ones, first, lambda x, k, p, q: ((x + x - 1.0) + (x + x - 1.0) if shifted else x + x) * q - p, 2)
-    return cases([(n < 0, 0.0)] + edges + [(in_trig, trig), (n.eq(0), 1.0), (n.eq(1), first)], q)
+    step = lambda x, k, p, q: ((x + x - 1.0) + (x + x - 1.0) if shifted else x + x) * q - p  # noqa: E731
+    return _evaluate(g, node, x, n, edges + [(in_trig, trig)], first, step, 2)
 
 
 POLYNOMIALS = {}
@@ -173,45 +181,34 @@ def _hermite_limit(dtype) -> int:
 
 def _hermite_h(g, node, x, n) -> E:
     x, n = _inputs(g, node, x, n)
-    count = where((n < 2) | (n > _hermite_limit(x.dtype)), 0, n - 1)
-    one = _ones(g, node, x.dtype)
-    q = _recurrence(g, x, count, one, x + x, lambda x, k, p, q: (x + x) * q - k.to(x.dtype) * p, 2, 2, stop_at_nan=False)
-    return cases([(n < 0, 0.0), (n.eq(0), 1.0), (n.eq(1), x + x), (n > _hermite_limit(x.dtype), math.nan)], q)
+    too_high = (n > _hermite_limit(x.dtype), math.nan)
+    return _evaluate(g, node, x, n, [too_high], x + x, lambda x, k, p, q: (x + x) * q - k.to(x.dtype) * p, 2, 2, stop_at_nan=False)
 
 
 def _hermite_he(g, node, x, n) -> E:
     x, n = _inputs(g, node, x, n)
-    count = where((n < 2) | (n > _hermite_limit(x.dtype)), 0, n - 1)
-    one = _ones(g, node, x.dtype)
-    q = _recurrence(g, x, count, one, x, lambda x, k, p, q: x * q - k.to(x.dtype) * p, 1, stop_at_nan=False)
-    return cases([(n < 0, 0.0), (n.eq(0), 1.0), (n.eq(1), x), (n > _hermite_limit(x.dtype), math.nan)], q)
+    too_high = (n > _hermite_limit(x.dtype), math.nan)
+    return _evaluate(g, node, x, n, [too_high], x, lambda x, k, p, q: x * q - k.to(x.dtype) * p, 1, stop_at_nan=False)
 
 
 def _laguerre(g, node, x, n) -> E:
     x, n = _inputs(g, node, x, n)
-    is_zero = x.fn("Abs").eq(0.0)
-    count = where((n < 2) | is_zero, 0, n - 1)
-    one = _ones(g, node, x.dtype)
 
     def step(x, k, p, q):
         return (((k + k).to(x.dtype) + (1.0 - x)) * q - k.to(x.dtype) * p) / (k + 1).to(x.dtype)
 
-    q = _recurrence(g, x, count, one, 1.0 - x, step, 1)
-    return cases([(n < 0, 0.0), (is_zero, 1.0), (n.eq(0), 1.0), (n.eq(1), 1.0 - x)], q)
+    return _evaluate(g, node, x, n, [(x.fn("Abs").eq(0.0), 1.0)], 1.0 - x, step, 1)
 
 
 def _legendre(g, node, x, n) -> E:
     x, n = _inputs(g, node, x, n)
-    at_edge = x.fn("Abs").eq(1.0)
-    count = where((n < 2) | at_edge, 0, n - 1)
-    one = _ones(g, node, x.dtype)
+    ones = _ones(g, node, x.dtype)
 
     def step(x, k, p, q):
         return ((k + k + 1).to(x.dtype) * x * q - k.to(x.dtype) * p) / (k + 1).to(x.dtype)
 
-    q = _recurrence(g, x, count, one, x, step, 1)
-    edge = where((x > 0.0) | n.even(), one, -one)
-    return cases([(n < 0, 0.0), (at_edge, edge), (n.eq(0), 1.0), (n.eq(1), x)], q)
+    edge = (x.fn("Abs").eq(1.0), where((x > 0.0) | n.even(), ones, -ones))
+    return _evaluate(g, node, x, n, [edge], x, step, 1)
 
 
 POLYNOMIALS.update(
