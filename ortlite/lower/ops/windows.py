@@ -1,14 +1,17 @@
-"""Integer convolution and pooling. ONNX Runtime's Conv, MaxPool and AveragePool take float
-types only; aten also runs int64 (and, for pooling, narrower integers). These lowerings
-gather every window of the input with one Gather (index tables built at compile time) and
-reduce it with int64 arithmetic, which wraps modulo 2**64 as aten's does: the sums of
-products are exact whatever their order, and narrower dtypes are exact after the final cast."""
+"""Convolution and pooling as gathered windows: every window of the input taken with one
+Gather (index tables built at compile time), then reduced. For integers, which ONNX
+Runtime's Conv, MaxPool and AveragePool do not take (aten runs int64, and narrower integers
+for pooling), the reduction is int64 arithmetic, wrapping modulo 2**64 as aten's does: sums
+of products are exact whatever their order, narrower dtypes exact after the final cast. For
+adaptive max pooling with indices (ONNX has no adaptive pool), the window's argmax as aten
+scans it."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+
 from ..builder import TORCH_TO_ONNX, GraphBuilder, Value
 
 I64 = torch.int64
