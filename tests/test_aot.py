@@ -261,3 +261,18 @@ def test_outputs_that_are_weights_or_inputs():
     x = torch.randn(3)
     got = ortlite.compile(model, (x,))(x)
     assert_same([g.detach() for g in got], [model.w.detach(), x, (x * model.w).detach()])
+
+
+def test_integer_division_by_zero_raises_as_aten():
+    class Divide(torch.nn.Module):
+        def forward(self, a, b):
+            return a // b + a % b
+
+    a, b = torch.arange(-4, 4), torch.tensor([3, -2, 5, 1, 7, 2, -1, 4])
+    compiled = ortlite.compile(Divide(), (a, b))
+    assert torch.equal(compiled(a, b), Divide()(a, b))
+    b[3] = 0
+    with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+        compiled(a, b)
+    b[3] = 1
+    assert torch.equal(compiled(a, b), Divide()(a, b))
