@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from onnx import TensorProto
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from ..builder import GraphBuilder, Value
@@ -96,6 +97,14 @@ def may_be_empty(t) -> bool:
 
 def is_static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
+
+
+def any_true(g: GraphBuilder, cond: str, axes: list[int] | None = None, keepdims: bool = False) -> str:
+    """Whether any element of a bool value is true, over `axes` (None: all). (ONNX Runtime
+    reduces no bools: a max over them as uint8.)"""
+    flags = g.op("Cast", cond, to=TensorProto.UINT8)
+    reduced = g.op("ReduceMax", flags, g.ints(axes) if axes is not None else None, keepdims=int(keepdims))
+    return g.op("Cast", reduced, to=TensorProto.BOOL)
 
 
 def where(g: GraphBuilder, cond: str, a: str, b: str, dtype: torch.dtype) -> str:

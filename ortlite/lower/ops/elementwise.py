@@ -95,8 +95,7 @@ def _safe_int_divisor(g: GraphBuilder, node, b: Value) -> Value:
         met = is_zero
         if b.shape != out.shape:  # the divisors the result meets: b broadcast (empty if the result is)
             met = g.op("Expand", is_zero, g.shape(out.shape))
-        any_zero = g.op("ReduceMax", g.op("Cast", met, to=TORCH_TO_ONNX[torch.uint8]), keepdims=0)
-        g.fail_if(g.op("Cast", any_zero, to=TORCH_TO_ONNX[torch.bool]), "ZeroDivisionError")
+        g.fail_if(common.any_true(g, met), "ZeroDivisionError")
     return Value(g.op("Where", is_zero, g.const(1, b.dtype), b), b.dtype, b.shape)
 
 
@@ -194,7 +193,7 @@ def _int_pow(g: GraphBuilder, node, base, exponent) -> Value:
     e_pos = Value(g.op("Expand", g.op("Where", negative, zero, e), shape), i64, out_shape(node))
 
     def any_positive(b, e):
-        return b.op("Cast", b.op("ReduceMax", b.op("Cast", b.op("Greater", e, zero), to=TensorProto.UINT8), keepdims=0), to=TensorProto.BOOL)
+        return common.any_true(b, b.op("Greater", e, zero))
 
     def step(b, i, result, square, e):
         odd = b.op("Equal", b.op("Mod", e, two), one)
@@ -546,8 +545,7 @@ def _gcd(g, node, a, b) -> str:
     a, b = (Value(_wrapped(g, g.op("Expand", g.op("Abs", as_value(g, v, i64)), shape), dtype), i64, out_shape(node)) for v in (a, b))
 
     def any_running(b_, a):
-        running = b_.op("Cast", b_.op("Not", b_.op("Equal", a, zero)), to=TensorProto.UINT8)
-        return b_.op("Cast", b_.op("ReduceMax", running, keepdims=0), to=TensorProto.BOOL)
+        return common.any_true(b_, b_.op("Not", b_.op("Equal", a, zero)))
 
     def step(b_, i, a, b):
         running = b_.op("Not", b_.op("Equal", a, zero))

@@ -10,7 +10,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, arg_val, where, is_float, norm_dim, out_dtype, out_shape
+from .common import any_true, aten, arg_val, where, is_float, norm_dim, out_dtype, out_shape
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -386,9 +386,7 @@ def histc(g, node, x, bins=100, min=0, max=0):
         left, right = g.const(min - 1, dtype), g.const(max + 1, dtype)
     else:
         low, high = g.op("ReduceMin", flat, keepdims=0), g.op("ReduceMax", flat, keepdims=0)
-        finite = g.op("Not", g.op("Or", g.op("IsNaN", flat), g.op("IsInf", flat)))
-        all_finite = g.op("Cast", g.op("ReduceMin", g.op("Cast", finite, to=TORCH_TO_ONNX[torch.uint8]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
-        g.fail_if(g.op("Not", all_finite), "torch.histc: range of the input is not finite")
+        g.fail_if(any_true(g, g.op("Or", g.op("IsNaN", flat), g.op("IsInf", flat))), "torch.histc: range of the input is not finite")
         one_point = g.op("Equal", low, high)
         left = g.op("Where", one_point, g.op("Sub", low, g.const(1, dtype)), low)
         right = g.op("Where", one_point, g.op("Add", high, g.const(1, dtype)), high)

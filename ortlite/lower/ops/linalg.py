@@ -7,9 +7,8 @@ import operator
 
 import torch
 
-from ..builder import TORCH_TO_ONNX
 from ..registry import lower
-from .common import aten, arg_val, is_float, may_be_zero, out_dtype, out_shape
+from .common import any_true, aten, arg_val, is_float, may_be_zero, out_dtype, out_shape
 
 
 def _empty_inner(a) -> bool:
@@ -119,7 +118,7 @@ def _p_distance(g, diff, p, dtype, axis):
         return g.op("ReduceSum", ones, g.ints([axis]), keepdims=0)
     if math.isinf(p):  # the largest |d|, NaN if any is NaN
         largest = g.op("ReduceMax", absolute, g.ints([axis]), keepdims=0)
-        nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", g.op("IsNaN", diff), to=TORCH_TO_ONNX[torch.uint8]), g.ints([axis]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
+        nan = any_true(g, g.op("IsNaN", diff), [axis])
         return g.op("Where", nan, g.const(float("nan"), dtype), largest)
     if p == 1:
         return g.op("ReduceSum", absolute, g.ints([axis]), keepdims=0)

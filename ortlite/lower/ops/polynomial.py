@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 
 import torch
-from onnx import TensorProto
 
 from ..builder import TORCH_TO_ONNX, GraphBuilder, Value
 from ..registry import lower
-from .common import aten, as_value, out_dtype, out_shape
+from .common import any_true, aten, as_value, out_dtype, out_shape
 
 I64 = torch.int64
 
@@ -100,10 +99,6 @@ def _recurrence(g, x: E, count: E, p: E, q: E, step, k_first: int, k_step: int =
             active = active & ~E(b, b.op("IsNaN", q.name), torch.bool)
         return active
 
-    def any_of(b, active: E) -> str:
-        flags = b.op("Cast", active.name, to=TensorProto.UINT8)
-        return b.op("Cast", b.op("ReduceMax", flags, keepdims=0), to=TensorProto.BOOL)
-
     def body(b, i, p_in, q_in):
         p, q = E(b, p_in, dtype), E(b, q_in, dtype)
         x_b, count_b = E(b, x.name, dtype), E(b, count.name, I64)
@@ -112,10 +107,10 @@ def _recurrence(g, x: E, count: E, p: E, q: E, step, k_first: int, k_step: int =
         r = step(x_b, k, p, q)
         p, q = where(active, q, p), where(active, r, q)
         following = E(b, b.op("Add", i, b.const(1, I64)), I64).name
-        return any_of(b, running(b, following, count_b, q)), Value(p.name, dtype, ()), Value(q.name, dtype, ())
+        return any_true(b, running(b, following, count_b, q).name), Value(p.name, dtype, ()), Value(q.name, dtype, ())
 
     start = running(g, g.const(0, I64), count, q)
-    _, q_out = g.loop(None, any_of(g, start), [Value(p.name, dtype, ()), Value(q.name, dtype, ())], body)
+    _, q_out = g.loop(None, any_true(g, start.name), [Value(p.name, dtype, ()), Value(q.name, dtype, ())], body)
     return E(g, q_out, dtype)
 
 

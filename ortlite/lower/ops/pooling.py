@@ -12,7 +12,7 @@ import torch
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
 from . import windows
-from .common import aten, arg_val, is_float, is_static, may_be_zero, out_shape
+from .common import any_true, aten, arg_val, is_float, is_static, may_be_zero, out_shape
 
 
 def _tuple(v, n: int) -> list[int]:
@@ -507,7 +507,7 @@ def grid_sampler(g, node, x, grid, interpolation_mode, padding_mode, align_corne
     y = g.op("GridSample", x, grid, mode=mode, padding_mode=padding, align_corners=int(align_corners))
     if padding == "zeros" or mode == "cubic":
         # a point with a NaN coordinate: NaN, or 0 for nearest with zero padding
-        point_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", nan, to=TORCH_TO_ONNX[torch.uint8]), g.ints([-1]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
+        point_nan = any_true(g, nan, [-1])
         fill = 0.0 if (mode == "nearest" and padding == "zeros") else float("nan")
         y = g.op("Where", g.op("Unsqueeze", point_nan, g.ints([1])), g.const(fill, x.dtype), y)
     return y

@@ -8,7 +8,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import arg_val, aten, is_float, may_be_zero, norm_dims, out_dtype, where
+from .common import any_true, arg_val, aten, is_float, may_be_zero, norm_dims, out_dtype, where
 
 
 def _reduce(g, node, op_type, x, dims, keepdim):
@@ -332,7 +332,7 @@ def median(g, node, x):
     last = g.op("Slice", indices, g.ints([k - 1]), g.ints([k]))
     result = g.op("Reshape", g.op("Gather", flat, last, axis=0), g.ints([]))
     if is_float(x.dtype):
-        any_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", g.op("IsNaN", flat), to=TORCH_TO_ONNX[torch.uint8]), keepdims=0), to=TORCH_TO_ONNX[torch.bool])
+        any_nan = any_true(g, g.op("IsNaN", flat))
         result = g.op("Where", any_nan, g.const(float("nan"), x.dtype), result)
     return result
 
@@ -389,7 +389,7 @@ def cummax(g, node, x, dim):
     hits = g.op("And", lower, g.op("Equal", spread, values))
     if is_float(x.dtype):
         is_nan = g.op("And", lower, g.op("IsNaN", g.op("Unsqueeze", x, g.ints([axis]))))
-        any_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", is_nan, to=TORCH_TO_ONNX[torch.uint8]), j, keepdims=1), to=TORCH_TO_ONNX[torch.bool])
+        any_nan = any_true(g, is_nan, [axis + 1], keepdims=True)
         values = g.op("Where", any_nan, g.const(float("nan"), x.dtype), values)
         hits = where(g, any_nan, is_nan, hits, torch.bool)
     index = g.op("ReduceMax", g.op("Where", hits, position, g.const(-1, torch.int64)), j, keepdims=1)

@@ -13,6 +13,7 @@ import math
 import torch
 
 from ..builder import TORCH_TO_ONNX, GraphBuilder, Value
+from .common import any_true
 
 I64 = torch.int64
 MAX_GATHERED = 2**24  # elements of the gathered windows; larger inputs stay in torch
@@ -122,7 +123,7 @@ def max_pool(g: GraphBuilder, x: Value, table: torch.Tensor, out_shape, with_ind
         windows = Value(g.op("Where", is_nan, g.const(lowest, dtype), windows), dtype, windows.shape)
     values = g.op("ReduceMax", windows, g.ints([3]), keepdims=1)
     if is_nan is not None:
-        has_nan = g.op("Cast", g.op("ReduceMax", g.op("Cast", is_nan, to=TORCH_TO_ONNX[torch.uint8]), g.ints([3]), keepdims=1), to=TORCH_TO_ONNX[torch.bool])
+        has_nan = any_true(g, is_nan, [3], keepdims=True)
         values = g.op("Where", has_nan, g.const(math.nan, dtype), values)
     result = g.op("Cast", shaped(values), to=TORCH_TO_ONNX[x.dtype])
     if not with_indices:
