@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from onnx import TensorProto
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
@@ -97,6 +99,11 @@ def may_be_empty(t) -> bool:
 
 def is_static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
+
+
+def indices_used(node) -> bool:
+    """Is a values-and-indices node's second output (the indices) read?"""
+    return any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
 
 
 def any_true(g: GraphBuilder, cond: str, axes: list[int] | None = None, keepdims: bool = False) -> str:

@@ -12,7 +12,7 @@ import torch
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
 from . import windows
-from .common import any_true, aten, arg_val, is_float, is_static, may_be_zero, out_shape
+from .common import any_true, aten, indices_used, arg_val, is_float, is_static, may_be_zero, out_shape
 
 
 def _tuple(v, n: int) -> list[int]:
@@ -110,8 +110,7 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
     if not is_float(x.dtype):
         out_spatial = out_shape(node)[-spatial:]
         table = _int_pool_table(x.shape, spatial, out_spatial, kernel, strides, begins, dilations)
-        with_indices = any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
-        values, indices = windows.max_pool(g, x, table, (*x.shape[:2], *out_spatial), with_indices)
+        values, indices = windows.max_pool(g, x, table, (*x.shape[:2], *out_spatial), indices_used(node))
         return _unbatch(g, values, unbatched), indices if indices is None else _unbatch(g, indices, unbatched)
     sizes = list(x.shape[-spatial:])
     plane = math.prod(sizes)
@@ -300,15 +299,12 @@ def _adaptive_check(node):
         return "input rank or empty planes"
     if not is_float(x.dtype):
         return "non-float input"
-    if node.target in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default) and _indices_used(node):
+    if node.target in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default) and indices_used(node):
         if x.dtype not in (torch.float32, torch.float64):
             return "adaptive max-pool indices of half precision"
         return _int_window_check(x, out_shape(node)[-spatial:], [-(-s // o) + 1 for s, o in zip(x.shape[-spatial:], out_shape(node)[-spatial:])], spatial)
     return None
 
-
-def _indices_used(node) -> bool:
-    return any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
 
 
 def _along_axes(g, x: Value, matrices: list[torch.Tensor]) -> str:
@@ -357,7 +353,7 @@ def adaptive_max_pool(g, node, x, output_size):
     if 0 in out_shape(node):
         empty = g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
         return empty, g.op("Expand", g.const(0, torch.int64), g.ints(out_shape(node)))
-    if _indices_used(node):
+    if indices_used(node):
         x, unbatched = _batched(g, x, spatial)
         sizes = list(x.shape[-spatial:])
         table = windows.window_table([windows.adaptive_source(o, s) for o, s in zip(output_size, sizes)], sizes)

@@ -4,13 +4,12 @@ lower index first, as aten's stable sort does."""
 
 from __future__ import annotations
 
-import operator
 
 import torch
 
 from ..builder import Value
 from ..registry import lower
-from .common import aten, arg_val, norm_dim, out_shape
+from .common import aten, arg_val, indices_used, norm_dim, out_shape
 
 WIDER = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
@@ -38,8 +37,7 @@ def _check(node):
         if not is_sorted and k > 1:
             return "topk(sorted=False): aten's order is unspecified"
     stable = node.target is aten.sort.stable and node.kwargs.get("stable")
-    indices_used = any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
-    if indices_used and not stable:
+    if indices_used(node) and not stable:
         return "indices of equal values: aten's order is unspecified (only stable=True sorts are reproducible)"
     return None
 
