@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import operator
 import re
 
 import torch
@@ -21,7 +20,7 @@ from .decomp import decomposition_table
 from .logs import warn_once
 from .lower import LoweringError, lower_graph
 from .options import Options
-from .partition import fallback_counts, partition, unsupported_nodes
+from .partition import alias_views_to_torch, fallback_counts, is_fallback, partition, unsupported_nodes
 from .runner import runner_for
 from .session import SessionCache
 
@@ -101,6 +100,8 @@ class Backend:
         runs all of it, else the graph with its supported parts replaced by runners."""
         name = f"{kind}_{next(_graph_ids)}"
         excluded: dict[str, str] = {}  # nodes found unrunnable while building sessions
+        if kind == "forward":
+            alias_views_to_torch(gm)
         # Compilers run inside aot_autograd's fake mode; constants and buffers must be real.
         with unset_fake_temporarily():
             while True:
@@ -122,8 +123,8 @@ class Backend:
 
     def _compile_once(self, gm, name, excluded):
         unsupported = unsupported_nodes(gm, excluded)
-        if unsupported and self.options.fallback == "error":
-            details = sorted({f"{n.target} ({reason})" for n, reason in unsupported.items() if n.target is not operator.getitem})
+        if self.options.fallback == "error" and any(is_fallback(n, r) for n, r in unsupported.items()):
+            details = sorted({f"{n.target} ({reason})" for n, reason in unsupported.items() if is_fallback(n, reason)})
             raise UnsupportedError(f"ortlite cannot run these ops in ONNX Runtime: {', '.join(details)}")
         if not unsupported:
             runner = self._runner_or_none(gm, name, boxed=True)
@@ -146,7 +147,7 @@ class Backend:
     def _left_to_torch(self, unsupported: dict) -> None:
         self._fallback_ops.update(fallback_counts(unsupported))
         for node, reason in unsupported.items():
-            if node.target is not operator.getitem:
+            if is_fallback(node, reason):
                 warn_once(f"ortlite: {node.target} runs in torch ({reason})")
 
     def _runner_or_none(self, gm: torch.fx.GraphModule, name: str, boxed: bool = False):

@@ -14,6 +14,9 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from .lower import unsupported_reason
 
+# Why a node runs in torch by design, not as a fallback: see alias_views_to_torch.
+ALIAS_VIEW = "a view aliasing an input or another output: torch makes it"
+
 
 def node_reason(node: torch.fx.Node, excluded: dict[str, str]) -> str | None:
     """None when ortlite lowers this call node; else why not. `excluded` maps FX node
@@ -23,6 +26,8 @@ def node_reason(node: torch.fx.Node, excluded: dict[str, str]) -> str | None:
         return node_reason(source, excluded) if isinstance(source, torch.fx.Node) else "getitem of a non-node"
     if node.op != "call_function":
         return f"{node.op} node"
+    if node.meta.get("ortlite_alias_view"):
+        return ALIAS_VIEW
     if node.name in excluded:
         return excluded[node.name]
     return unsupported_reason(node)
@@ -38,8 +43,91 @@ def op_name(node: torch.fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
+def is_fallback(node: torch.fx.Node, reason: str) -> bool:
+    """Is a node left to torch a loss (counted, warned about), not torch's part by design?"""
+    return node.target is not operator.getitem and reason != ALIAS_VIEW
+
+
 def fallback_counts(unsupported) -> collections.Counter:
-    return collections.Counter(op_name(n) for n in unsupported if n.target is not operator.getitem)
+    return collections.Counter(op_name(n) for n, reason in unsupported.items() if is_fallback(n, reason))
+
+
+def alias_views_to_torch(gm: torch.fx.GraphModule) -> bool:
+    """Make torch compute each forward output that is a view aliasing a graph input or
+    another output; returns whether there was one.
+
+    aot_autograd does not take such outputs as values: it regenerates them from the
+    compiled output's view metadata (size, stride, storage offset, and its _base), over
+    the real input or the real base output (functional_utils.gen_alias_from_base). With
+    static sizes it replays the recorded view functions; once a view's arguments are
+    symbolic (automatic dynamic: t[:, i:i+4] at the second call) it takes the metadata
+    of what the backend returned. A fresh contiguous tensor from ONNX Runtime there has
+    offset 0 and contiguous strides: wrong values, or an as_strided out of bounds
+    (expand). So each such output gets its own copy of its chain of view ops (and the
+    integer arithmetic they read) from its base, run by torch on the real tensors: exact
+    eager aliasing, at the cost of a few view calls. The original chain stays for any
+    ONNX Runtime user, so partitions do not split."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = output.args[0] if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
+    chains = {r: _view_chain(r) for r in set(results) if isinstance(r, torch.fx.Node)}
+    roots = collections.Counter(chain[-1] for chain in chains.values())
+    aliased = {
+        r: chain
+        for r, chain in chains.items()
+        if len(chain) > 1 and (chain[-1].op == "placeholder" or roots[chain[-1]] > 1 or chain[-1] in chains)
+    }
+    if not aliased:
+        return False
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def copy_of(node: torch.fx.Node) -> torch.fx.Node:
+        if node not in copies:
+            with gm.graph.inserting_before(output):
+                copies[node] = gm.graph.node_copy(node, lambda n: copy_of(n) if _needs_copy(n, within) else n)
+            copies[node].meta["ortlite_alias_view"] = True
+        return copies[node]
+
+    for result, chain in aliased.items():
+        within = set(chain[:-1])
+        output.replace_input_with(result, copy_of(result))
+    for node in reversed(list(copies)):  # originals that only the outputs read are dead now
+        if not node.users:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return True
+
+
+def _storages(node) -> set:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    return {StorageWeakRef(v.untyped_storage()) for v in vals if isinstance(v, torch.Tensor)}
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and (node.target is operator.getitem or getattr(node.target, "is_view", False))
+
+
+def _view_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """node, the view ops it comes through, and last the node whose storage it views."""
+    chain = [node]
+    while _is_view(node):
+        source = node.args[0]
+        if not isinstance(source, torch.fx.Node) or not (_storages(source) & _storages(node)):
+            break
+        chain.append(source)
+        node = source
+    return chain
+
+
+def _needs_copy(node: torch.fx.Node, chain: set) -> bool:
+    """Is node part of what the copied chain recomputes: a view in it, or integer arithmetic
+    (a SymInt) it reads that is not a graph input?"""
+    if node in chain:
+        return True
+    return node.op == "call_function" and isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
 
 
 class _Support(OperatorSupportBase):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+import dis
 import math
 import os
 
@@ -194,12 +196,28 @@ def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list):
         checks = ([f"{symbol} < {low}"] if low else []) + ([f"{symbol} > {high}"] if high is not None else [])
         if checks:
             lines.append(f"    if {' or '.join(checks)}: raise _out_of_range({name!r}, {str(symbol)!r}, {symbol}, {low}, {high}, {arg}, {dim})")
-    shapes = ", ".join(_shape_code(o.shape, lowered.symbols, printer) for o in lowered.ort_outputs)
-    values = ", ".join(printer.doprint(expr) for expr in sym_outputs)
+    try:
+        shapes = ", ".join(_shape_code(o.shape, lowered.symbols, printer) for o in lowered.ort_outputs)
+        values = ", ".join(printer.doprint(expr) for expr in sym_outputs)
+    except NotImplementedError as e:  # a sympy function PythonPrinter cannot print
+        raise ValueError(f"ortlite graph {name}: cannot compute sizes in Python: {e}") from None
     lines.append(f"    return ({shapes}{',' if lowered.ort_outputs else ''}), ({values}{',' if sym_outputs else ''})")
-    namespace = {"_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range}
-    exec(compile("\n".join(lines), f"<ortlite sizes of {name}>", "exec"), namespace)  # noqa: S102
+    namespace = {"_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range, "math": math, "torch": torch}
+    code = compile("\n".join(lines), f"<ortlite sizes of {name}>", "exec")
+    unknown = _names(code) - set(namespace) - set(vars(builtins)) - {"sizes", "args"}
+    if unknown:  # a sympy function PythonPrinter has no Python for (e.g. OpaqueUnaryFn_exp)
+        raise ValueError(f"ortlite graph {name}: cannot compute sizes with {sorted(unknown)} in Python")
+    exec(code, namespace)  # noqa: S102
     return namespace["sizes"]
+
+
+def _names(code) -> set[str]:
+    """Global names a code object and the functions in it read."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            names |= _names(const)
+    return names
 
 
 def _shape_code(shape, symbols, printer) -> str:
