@@ -7,6 +7,9 @@ why; writes coverage.json and coverage.md.
     python bench/coverage.py --ops 'div|remainder' --dtypes float32
     python bench/coverage.py --backend onnxrt     # torch 2.8's removed DORT backend, for
                                                   # comparison (run with a torch 2.8 + onnxscript python)
+    python bench/coverage.py --mode dynamic       # dynamic=True: every size and int symbolic
+    python bench/coverage.py --mode automatic     # each sample then another of other sizes or
+                                                  # ints through the same compiled function
 
 The sweep runs in worker subprocesses, so an op that kills the process (a segfault in ONNX
 Runtime) is recorded as a crash and the sweep goes on.
@@ -28,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 
-def worker(ops_file: str, out_file: str, dtypes: list[str], samples: int | None, backend: str) -> None:
+def worker(ops_file: str, out_file: str, dtypes: list[str], samples: int | None, backend: str, mode: str) -> None:
     import logging
 
     import torch
@@ -46,7 +49,7 @@ def worker(ops_file: str, out_file: str, dtypes: list[str], samples: int | None,
             out.flush()
             start = time.perf_counter()
             try:
-                result = h.sweep_op(by_id[name], dtype_objs, samples, backend_name=backend).to_json()
+                result = h.sweep_op(by_id[name], dtype_objs, samples, backend_name=backend, mode=mode).to_json()
             except Exception as e:  # the harness itself failed: count it as a crash
                 result = h.OpResult(name, "crash", detail=f"harness: {type(e).__name__}: {e}").to_json()
             result["seconds"] = round(time.perf_counter() - start, 2)
@@ -54,7 +57,7 @@ def worker(ops_file: str, out_file: str, dtypes: list[str], samples: int | None,
             out.flush()
 
 
-def sweep(names: list[str], dtypes: list[str], samples: int | None, jobs: int, timeout: float, backend: str) -> list[dict]:
+def sweep(names: list[str], dtypes: list[str], samples: int | None, jobs: int, timeout: float, backend: str, mode: str) -> list[dict]:
     """Runs the sweep in `jobs` worker processes; restarts a worker past an op that killed it."""
     chunks = [names[i::jobs] for i in range(jobs)]
     results: dict[str, dict] = {}
@@ -66,7 +69,7 @@ def sweep(names: list[str], dtypes: list[str], samples: int | None, jobs: int, t
                 ops_file, out_file = os.path.join(tmp, f"ops{i}.json"), os.path.join(tmp, f"out{i}.jsonl")
                 json.dump(chunk, open(ops_file, "w"))
                 cmd = [sys.executable, __file__, "--worker", ops_file, out_file, "--dtypes", ",".join(dtypes)]
-                cmd += ["--samples", str(samples or 0), "--backend", backend]
+                cmd += ["--samples", str(samples or 0), "--backend", backend, "--mode", mode]
                 procs.append((i, chunk, out_file, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
             pending = []
             for i, chunk, out_file, proc in procs:
@@ -129,7 +132,7 @@ def markdown(summary: dict, results: list[dict], args) -> str:
     lines = [
         "# ortlite op coverage (OpInfo sweep)",
         "",
-        f"backend {args.backend}, torch {torch_version()}, dtypes {args.dtypes}, samples per dtype {args.samples or 'all'}; `python bench/coverage.py`",
+        f"backend {args.backend}, torch {torch_version()}, mode {args.mode}, dtypes {args.dtypes}, samples per dtype {args.samples or 'all'}; `python bench/coverage.py --mode {args.mode}`",
         "",
         "| bucket | ops | % of swept |",
         "|---|---|---|",
@@ -161,25 +164,27 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
     parser.add_argument("--backend", default="ortlite", choices=["ortlite", "onnxrt"], help="onnxrt: torch <= 2.8's DORT")
+    parser.add_argument("--mode", default="static", choices=["static", "dynamic", "automatic"], help="shapes: see the docstring")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for coverage.json and coverage.md")
     args = parser.parse_args()
     if args.worker:
-        return worker(*args.worker, args.dtypes.split(","), args.samples or None, args.backend)
+        return worker(*args.worker, args.dtypes.split(","), args.samples or None, args.backend, args.mode)
 
     import opinfo_harness as h
 
     ops = [op for op in h.all_ops() if re.search(args.ops, h.op_id(op))]
     names = [h.op_id(op) for op in ops]
     start = time.perf_counter()
-    results = sweep(names, args.dtypes.split(","), args.samples or None, args.jobs, args.timeout, args.backend)
+    results = sweep(names, args.dtypes.split(","), args.samples or None, args.jobs, args.timeout, args.backend, args.mode)
     summary = summarize(results)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "coverage.json"), "w") as f:
+    suffix = "" if args.mode == "static" else f"_{args.mode}"
+    with open(os.path.join(args.out, f"coverage{suffix}.json"), "w") as f:
         json.dump({"args": vars(args), "summary": summary, "results": results}, f, indent=1)
-    with open(os.path.join(args.out, "coverage.md"), "w") as f:
+    with open(os.path.join(args.out, f"coverage{suffix}.md"), "w") as f:
         f.write(markdown(summary, results, args))
 
-    print(f"OpInfo sweep of {args.backend} on torch {torch_version()}: {len(results)} OpInfos, {summary['swept']} swept, {time.perf_counter() - start:.0f} s")
+    print(f"OpInfo sweep ({args.mode}) of {args.backend} on torch {torch_version()}: {len(results)} OpInfos, {summary['swept']} swept, {time.perf_counter() - start:.0f} s")
     print(f"{'bucket':<10}{'ops':>6}{'%':>8}")
     for b, n in summary["buckets"].items():
         pct = f"{100 * n / summary['swept']:.1f}" if b != "skipped" and summary["swept"] else ""
@@ -191,7 +196,7 @@ def main() -> None:
         for r in results:
             if r["bucket"] == bucket:
                 print(f"{bucket}: {r['op']}: {r['detail'][:200]}")
-    print(f"\nwrote {os.path.join(args.out, 'coverage.md')} and coverage.json")
+    print(f"\nwrote {os.path.join(args.out, f'coverage{suffix}.md')} and coverage{suffix}.json")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     compiled = ortlite.compile(model, (example_input,))        # ahead of time, via torch.export
 """
 
+from ._fast import RunError
 from .aot import CompiledModel, CompileError, compile
 from .dynamo_backend import Backend, Stats, UnsupportedError
 from .options import Options
@@ -12,5 +13,5 @@ from .options import Options
 backend = Backend()
 """The default backend. torch.compile(..., options={...}) routes to a cached Backend for those options."""
 
-__all__ = ["Backend", "CompileError", "CompiledModel", "Options", "Stats", "UnsupportedError", "backend", "compile"]
+__all__ = ["Backend", "CompileError", "CompiledModel", "Options", "RunError", "Stats", "UnsupportedError", "backend", "compile"]
 __version__ = "0.1.0"

@@ -31,6 +31,11 @@ cdef enum:
     S_CONST = 2
     S_SYM = 3
 
+class RunError(RuntimeError):
+    """ONNX Runtime failed while running a graph (e.g. a kernel that exists but refuses
+    these dtypes at run time)."""
+
+
 ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL, "unused": K_UNUSED}
 OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST, "sym": S_SYM}
 
@@ -131,6 +136,8 @@ cdef class Runner:
     cdef list failure_outputs   # ORT output indices of 0-d bool (CPU) conditions: raise when true
     cdef list failure_messages
     cdef public long runs
+    cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
+    cdef object replacement     # that callable, once ORT has failed: calls go to it
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
@@ -153,7 +160,10 @@ cdef class Runner:
             when it is made, so each torch stream the graph is called on gets its own
             session (made by session_for on first use); stream_of() names the current one.
         failures: (ORT output index, message) per 0-d bool CPU output that, when true after
-            a run, makes the call raise RuntimeError(message) (aten's runtime errors)."""
+            a run, makes the call raise RuntimeError(message) (aten's runtime errors).
+        on_run_failure (attribute): when ORT fails a run, called with the RunError; what it
+            returns takes (*args) and runs the graph from then on, this call included.
+            None: the RunError is raised."""
         self.name = name
         self.sess = sess
         self.run_options = run_options
@@ -230,6 +240,8 @@ cdef class Runner:
             args = tuple(boxed)
             boxed.clear()  # lets aot_autograd's inputs be freed as early as in eager
             n = len(args)
+        if self.replacement is not None:
+            return self.replacement(*args)
         if n != self.n_args:
             raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
         if self.stream_of is not None:
@@ -237,6 +249,7 @@ cdef class Runner:
             if key != self.stream_key:
                 self._use_stream(key)
         b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
+        failed = None
         try:
             if self.guard is not None and self.guard.check(*self._tensor_args(args)):
                 keep_alive = self._bind_guarded(b, args)
@@ -251,17 +264,23 @@ cdef class Runner:
                 if self.out_names:  # a graph of size arithmetic alone has nothing for ORT to run
                     b.sess.run_with_iobinding(b.iob, self.run_options)
             except Exception as e:
-                raise RuntimeError(
+                failed = RunError(
                     f"ortlite: ONNX Runtime failed running graph {self.name}: {e}\n"
                     f"inputs: {self.describe_inputs()}; set ORTLITE_DUMP_DIR to write the model for inspection"
-                ) from None
-            self.runs += 1
-            if self.sizes_fn is not None:
-                self._take_ort_allocated(b, outs)
-            if self.failure_outputs:
-                self._raise_failures(outs)
+                )
+            if failed is None:
+                self.runs += 1
+                if self.sizes_fn is not None:
+                    self._take_ort_allocated(b, outs)
+                if self.failure_outputs:
+                    self._raise_failures(outs)
         finally:
             b.pool.append(b)  # its own session's pool, even if another thread switched streams
+        if failed is not None:
+            if self.on_run_failure is None:
+                raise failed
+            self.replacement = self.on_run_failure(failed)
+            return self.replacement(*args)
         if self.single_output:
             return (outs[0],) if self.returns_tuple else outs[0]
         results = self._results(outs, args, sizes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import re
 
@@ -54,6 +55,7 @@ class Backend:
         self._runners: list = []
         self._graphs = 0
         self._fallback_ops: collections.Counter = collections.Counter()
+        self._failing: dict[tuple, str] = {}  # op signature -> why ONNX Runtime failed running it
         for other in self._by_options.values():
             other.reset()
 
@@ -98,15 +100,18 @@ class Backend:
     def compile_graph(self, gm: torch.fx.GraphModule, kind: str):
         """One aten graph -> a boxed callable (aot_autograd's convention): a runner when ORT
         runs all of it, else the graph with its supported parts replaced by runners."""
-        name = f"{kind}_{next(_graph_ids)}"
-        excluded: dict[str, str] = {}  # nodes found unrunnable while building sessions
         if kind == "forward":
             alias_views_to_torch(gm)
+        return self._compile(gm, f"{kind}_{next(_graph_ids)}", boxed=True)
+
+    def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool):
+        # nodes found unrunnable while building sessions or running them, by op and dtypes
+        excluded = {n.name: self._failing[op_signature(n)] for n in _calls(gm) if op_signature(n) in self._failing}
         # Compilers run inside aot_autograd's fake mode; constants and buffers must be real.
         with unset_fake_temporarily():
             while True:
                 try:
-                    compiled, runners, unsupported = self._compile_once(gm, name, excluded)
+                    compiled, runners, unsupported = self._compile_once(gm, name, excluded, boxed)
                     break
                 except MissingKernel as e:
                     if e.node in excluded:
@@ -121,16 +126,35 @@ class Backend:
         self._runners.extend(runners)
         return compiled
 
-    def _compile_once(self, gm, name, excluded):
+    def _after_run_failure(self, gm, name, node_origin, error):
+        """A runner's ORT run failed: from now on its graph runs as compiled again without
+        the failing node's kind (op and dtypes), or all in torch when the error names no
+        node. Returns that callable, taking (*args); this call's result comes from it."""
+        if self.options.fallback == "error":
+            raise error
+        match = _FAILED_NODE.search(str(error))
+        culprit = next((n for n in _calls(gm) if match and n.name == node_origin.get(match.group(1))), None)
+        message = " ".join(str(error).split("\n")[0].split())
+        reason = message.split("Status Message: ", 1)[-1]
+        if culprit is None:
+            warn_once(f"ortlite: graph {name} runs in torch from now on: {message}")
+            compiled = gm
+        else:  # the warning comes from _left_to_torch, with the op and reason
+            self._failing[op_signature(culprit)] = f"ONNX Runtime failed running it: {reason}"
+            compiled = self._compile(gm, f"{name}_retry", boxed=False)
+        return compiled
+
+    def _compile_once(self, gm, name, excluded, boxed):
         unsupported = unsupported_nodes(gm, excluded)
         if self.options.fallback == "error" and any(is_fallback(n, r) for n, r in unsupported.items()):
             details = sorted({f"{n.target} ({reason})" for n, reason in unsupported.items() if is_fallback(n, reason)})
             raise UnsupportedError(f"ortlite cannot run these ops in ONNX Runtime: {', '.join(details)}")
+        box = make_boxed_func if boxed else (lambda f: f)
         if not unsupported:
-            runner = self._runner_or_none(gm, name, boxed=True)
+            runner = self._runner_or_none(gm, name, boxed=boxed)
             if runner is None:
-                return make_boxed_func(gm), [], {n: "graph failed to compile" for n in _calls(gm)}
-            return self._checked(runner, gm, name, boxed=True), [runner], {}
+                return box(gm), [], {n: "graph failed to compile" for n in _calls(gm)}
+            return self._checked(runner, gm, name, boxed=boxed), [runner], {}
         fused, submodule_names = partition(gm, excluded)
         runners = []
         for sub_name in submodule_names:
@@ -142,7 +166,7 @@ class Backend:
             runners.append(runner)
             delattr(fused, sub_name)
             setattr(fused, sub_name, self._checked(runner, sub, f"{name}_{sub_name}"))
-        return make_boxed_func(fused), runners, unsupported
+        return box(fused), runners, unsupported
 
     def _left_to_torch(self, unsupported: dict) -> None:
         self._fallback_ops.update(fallback_counts(unsupported))
@@ -173,7 +197,9 @@ class Backend:
     def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool):
         lowered = lower_graph(gm, self.options.opset)
         try:
-            return runner_for(name, lowered, gm, self.options, self._sessions, boxed=boxed)
+            runner = runner_for(name, lowered, gm, self.options, self._sessions, boxed=boxed)
+            runner.on_run_failure = functools.partial(self._after_run_failure, gm, name, lowered.node_origin)
+            return runner
         except Exception as e:
             origin = missing_kernel_origin(e, lowered.node_origin)
             if origin is None or self.options.fallback == "error":
@@ -189,6 +215,7 @@ class MissingKernel(Exception):
         self.node, self.reason = node, reason
 
 
+_FAILED_NODE = re.compile(r"while running \w+ node\. Name:'([^']+)'")
 _NODE_IN_ERROR = re.compile(
     r"Could not find an implementation for .* node with name '([^']+)'"  # no kernel for these types
     r"|Type Error: Type .* of operator \(\w+\) in node \(([^)]+)\) is invalid"  # types the ONNX op does not take

@@ -90,6 +90,7 @@ def build_runner(
     scratch = torch.empty(64, dtype=torch.uint8, device=cuda or (devices[0] if devices else "cpu"))
     stream_of = session_for = None
     run_options = C.RunOptions()
+    run_options.log_severity_level = 4  # a failed run is reported by ortlite (the exception), not on stderr
     if cuda is not None and session_for_stream is not None:
         stream_of, session_for = _stream_switch(cuda, session_for_stream)
         if all(o.device.type == "cuda" for o in lowered.ort_outputs):

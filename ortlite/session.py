@@ -98,7 +98,7 @@ def session_options(options: Options) -> onnxruntime.SessionOptions:
     # torch and ORT thread pools side by side: follow what the user asked of torch.
     so.intra_op_num_threads = torch.get_num_threads()
     so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # errors reach ortlite as exceptions; it reports what it does not handle
     return so
 
 

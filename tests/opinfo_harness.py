@@ -173,46 +173,95 @@ def _describe(sample) -> str:
     return f"({', '.join(args)}{', ' if kwargs else ''}{', '.join(f'{k}={v}' for k, v in kwargs.items())})"
 
 
-def run_sample(op, sample, rtol=RTOL, atol=ATOL, backend_name="ortlite"):
-    """Runs one sample eagerly and compiled. Returns (status, backend, detail) with status in
-    'ok', 'wrong', 'crash', 'eager-error'; backend is None unless compiled."""
-    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
-    tensor_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+MODES = ("static", "dynamic", "automatic")
 
-    def fn(*tensors):
+
+def _is_argument(leaf) -> bool:
+    """Leaves passed to the compiled function as arguments (so that Dynamo may make them
+    symbolic); the rest are constants of it. Bools stay constants: flags, not sizes."""
+    return isinstance(leaf, torch.Tensor) or (isinstance(leaf, int) and not isinstance(leaf, bool))
+
+
+def _sample_function(op, sample):
+    """(fn, arguments): fn(*arguments) is op.op on the sample, its tensors and ints as arguments."""
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    at = [i for i, leaf in enumerate(leaves) if _is_argument(leaf)]
+
+    def fn(*arguments):
         filled = list(leaves)
-        for i, t in zip(tensor_at, tensors):
-            filled[i] = t
+        for i, a in zip(at, arguments):
+            filled[i] = a
         x, args, kwargs = pytree.tree_unflatten(filled, spec)
         return op.op(x, *args, **kwargs)
 
-    tensors = [leaves[i] for i in tensor_at]
-    try:
-        expected = fn(*_clone(tensors))
-    except Exception as e:
-        return "eager-error", None, f"{type(e).__name__}: {e}"
+    return fn, [leaves[i] for i in at]
+
+
+def _signature(sample) -> tuple:
+    """What must agree for a second sample to be a call of the same compiled function with
+    other sizes or ints: the structure, the constants, and each tensor's dtype and rank."""
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    kinds = tuple(
+        ("t", x.dtype, x.dim(), x.is_contiguous()) if isinstance(x, torch.Tensor) else ("i",) if _is_argument(x) else ("c", repr(x))
+        for x in leaves
+    )
+    return str(spec), kinds
+
+
+def partner(sample, samples: list):
+    """Another sample the same compiled function can take (other sizes or ints), or None."""
+    key = _signature(sample)
+    for other in samples:
+        if other is not sample and _signature(other) == key and _describe(other) != _describe(sample):
+            return other
+    return None
+
+
+def run_sample(op, sample, rtol=RTOL, atol=ATOL, backend_name="ortlite", mode="static", second=None):
+    """Runs one sample eagerly and compiled. Returns (status, backend, detail) with status in
+    'ok', 'wrong', 'crash', 'eager-error'; backend is None unless compiled.
+
+    mode "static": dynamic=False; "dynamic": dynamic=True; "automatic": Dynamo's default,
+    called with `sample` and then `second` (other sizes or ints, same structure): the
+    second call recompiles with what changed symbolic, as in a user's loop."""
+    calls = [_sample_function(op, sample)] + ([_sample_function(op, second)] if second is not None else [])
+    expected = []
+    for fn, arguments in calls:
+        try:
+            expected.append(fn(*_clone(arguments)))
+        except Exception as e:
+            return "eager-error", None, f"{type(e).__name__}: {e}"
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     backend = recording_backend(backend_name)
+    dynamic = {"static": False, "dynamic": True, "automatic": None}[mode]
+    compiled = torch.compile(calls[0][0], backend=backend, dynamic=dynamic, fullgraph=False)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = torch.compile(fn, backend=backend, dynamic=False, fullgraph=False)(*_clone(tensors))
+        got = []
+        for _, arguments in calls:  # the same compiled function: calls[0][0] reads its arguments only
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got.append(compiled(*_clone(arguments)))
     except Exception as e:
-        return "crash", backend, f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        return "crash", backend, f"call {len(got)}: {type(e).__name__}: {' '.join(str(e).split())[:400]}"
     finally:
         # torch._dynamo.reset() resets the backend too: keep what it saw first
         backend.seen = (backend.stats, dict(backend.reasons))
         backend.graph_breaks = dict(torch._dynamo.utils.counters["graph_break"])
         backend.captured = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         torch._dynamo.reset()
-    problem = _compare(got, expected, rtol, atol)
-    if problem:
-        return "wrong", backend, problem
+    for k, (g, e) in enumerate(zip(got, expected)):
+        problem = _compare(g, e, rtol, atol)
+        if problem:
+            return "wrong", backend, f"call {k}: {problem}" if len(calls) > 1 else problem
     return "ok", backend, ""
 
 
-def sweep_op(op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0, backend_name: str = "ortlite") -> OpResult:
+def sweep_op(
+    op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0, backend_name: str = "ortlite", mode: str = "static"
+) -> OpResult:
+    """mode: see run_sample; in "automatic" mode a sample without a partner (the same
+    structure with other sizes or ints) is not swept."""
     name = op_id(op)
     reason = excluded_reason(op, dtypes)
     if reason:
@@ -230,13 +279,17 @@ def sweep_op(op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0, b
             result.detail = result.detail or f"{dtype}: sample_inputs raised {type(e).__name__}"
             continue
         for sample in _pick(samples, max_samples):
-            status, backend, detail = run_sample(op, sample, rtol, atol, backend_name)
+            second = partner(sample, samples) if mode == "automatic" else None
+            if mode == "automatic" and second is None:
+                continue
+            status, backend, detail = run_sample(op, sample, rtol, atol, backend_name, mode, second)
             if status == "eager-error":
                 continue
             result.samples += 1
             if status in ("wrong", "crash"):
                 result.bucket = status
-                result.detail = f"{str(dtype).removeprefix('torch.')} {_describe(sample)}: {detail}"
+                then = f" then {_describe(second)}" if second is not None else ""
+                result.detail = f"{str(dtype).removeprefix('torch.')} {_describe(sample)}{then}: {detail}"
                 return result
             stats, reasons = backend.seen
             for fallback_op, count in stats.fallback_ops.items():
@@ -252,7 +305,7 @@ def sweep_op(op, dtypes=DTYPES, max_samples: int | None = None, seed: int = 0, b
                 result.reasons.setdefault("dynamo captured no graph", set())
     if result.samples == 0:
         result.bucket = "skipped"
-        result.detail = result.detail or "eager raised on every sample"
+        result.detail = result.detail or ("no sample with a partner" if mode == "automatic" else "eager raised on every sample")
     elif result.fallback_ops:
         result.bucket = "fallback"
     return result
