@@ -102,7 +102,7 @@ def whisper_inputs(mel_bins, frames):
 
 TEXT_SHAPES = [(2, 16), (3, 24), (4, 11)]  # (batch, sequence); no size 1: Dynamo specializes it
 SEQ2SEQ_SHAPES = [(2, 16, 5), (3, 24, 8), (4, 11, 7)]  # (batch, source, target)
-IMAGE_SHAPES = [(2, 32), (3, 48), (4, 40)]  # (batch, pixels)
+IMAGE_SHAPES = [(2, 64), (3, 96), (4, 80)]  # (batch, pixels); at 32 px a CNN's last maps are 1x1: a size-1 guard
 FIXED_IMAGE_SHAPES = [(2, 32), (3, 32), (4, 32)]  # models whose position embeddings fix the size
 AUDIO_SHAPES = [(2, 800), (3, 1200), (4, 1000)]  # (batch, samples)
 WHISPER_SHAPES = [(2, 5), (3, 8), (4, 7)]  # (batch, decoder length); the encoder's length is fixed
@@ -502,18 +502,24 @@ def _dynamo_counts():
     return c["stats"]["unique_graphs"], c["frames"]["ok"], sum(c["graph_break"].values())
 
 
-def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | None = None) -> dict:
+def _guard_failures() -> list[str]:
+    """Dynamo's recompile reasons so far (the guards that failed), all code objects."""
+    return [str(r) for reasons in torch._dynamo.utils.guard_failures.values() for r in reasons]
+
+
+def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | None = None, keep: bool = False) -> dict:
     """Compile the zoo model `name` with a fresh ortlite.Backend (dynamic None: Dynamo's
     automatic dynamic; True: dynamic=True), call it on each of its shapes and compare with
     eager. Returns: calls, matches, per_call (None or what differed / the exception),
     graphs (Dynamo graphs), graphs_per_call, frames_per_call, graph_breaks, ort_graphs,
     sessions, runs, fallback_ops, fallback_ops_first_call, reasons (ortlite's log lines),
-    reasons_per_call, error (the first exception's traceback, or None), seconds."""
+    reasons_per_call, recompile_reasons (Dynamo's failed guards, per call), error (the first exception's traceback, or None), seconds.
+    keep: leave Dynamo's caches as they are and return the compiled model as "compiled"."""
     spec = ZOO[name]
     start = time.perf_counter()
     result = {"name": name, "dynamic": dynamic, "calls": len(spec.shapes), "matches": 0, "per_call": [], "error": None,
               "graphs": 0, "graphs_per_call": [], "frames_per_call": [], "graph_breaks": {}, "ort_graphs": 0, "sessions": 0,
-              "runs": 0, "fallback_ops": {}, "fallback_ops_first_call": {}, "reasons": [], "reasons_per_call": []}
+              "runs": 0, "fallback_ops": {}, "fallback_ops_first_call": {}, "reasons": [], "reasons_per_call": [], "recompile_reasons": []}
     try:
         model = model if model is not None else build(name)
     except Exception:
@@ -531,6 +537,7 @@ def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | N
         for k, shape in enumerate(spec.shapes):
             kwargs = spec.inputs(shape, seed=1000 * k + 7)
             before = _dynamo_counts()
+            failed_before = len(_guard_failures())
             ortlite.logs._warned.clear()  # once-per-cause warnings: each call reports its own
             seen = len(capture.messages)
             with torch.no_grad():
@@ -546,6 +553,7 @@ def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | N
             result["graphs_per_call"].append(after[0] - before[0])
             result["frames_per_call"].append(after[1] - before[1])
             result["reasons_per_call"].append(capture.messages[seen:])
+            result["recompile_reasons"].append(_guard_failures()[failed_before:])
             result["per_call"].append(diff)
             result["matches"] += diff is None
             if k == 0:
@@ -555,9 +563,12 @@ def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | N
                       fallback_ops=dict(stats.fallback_ops))
         result["graph_breaks"] = dict(torch._dynamo.utils.counters["graph_break"])
         result["reasons"] = list(dict.fromkeys(capture.messages))
+        if keep:
+            result["compiled"] = compiled
     finally:
         logger.removeHandler(capture)
-        torch._dynamo.reset()
+        if not keep:
+            torch._dynamo.reset()
     result["seconds"] = time.perf_counter() - start
     return result
 
@@ -577,21 +588,25 @@ def own_code(model, extra):
     return types.FunctionType(code, call.__globals__, name, None, call.__closure__)
 
 
-def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None) -> dict:
+def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None, dynamic=None) -> dict:
     """Median ms per call at the zoo model's first shape: eager, ortlite static (dynamic=False)
-    and ortlite dynamic (dynamic=True, warmed up at another shape first); interleaved rounds."""
+    and ortlite dynamic (dynamic=True, warmed up at another shape first); interleaved rounds.
+    `dynamic`: the model already compiled with dynamic=True (run_model(name, True, model,
+    keep=True)["compiled"]), saving a compile; the static candidate has a code object of its own."""
     spec = ZOO[name]
     model = model if model is not None else build(name)
     kwargs = spec.inputs(spec.shapes[0], seed=7)
     other = spec.inputs(spec.shapes[1], seed=1007)
-    torch._dynamo.reset()
     eager = lambda kw: model(**kw, **spec.extra, return_dict=False)  # noqa: E731
+    if dynamic is None:
+        torch._dynamo.reset()
+        compiled = torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(), dynamic=True)
+    else:
+        compiled = lambda kw: dynamic(**kw, **spec.extra, return_dict=False)  # noqa: E731
     static = torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(), dynamic=False)
-    dynamic_backend = ortlite.Backend()
-    dynamic = torch.compile(own_code(model, spec.extra), backend=dynamic_backend, dynamic=True)
-    candidates = {"eager": eager, "static": static, "dynamic": dynamic}
+    candidates = {"eager": eager, "static": static, "dynamic": compiled}
     with torch.no_grad():
-        dynamic(other)
+        compiled(other)
         for fn in candidates.values():
             fn(kwargs)
         # iterations per block: about min_block_s of eager
@@ -713,6 +728,17 @@ def report(results: dict, timings: dict, header: str) -> str:
     if not any_break:
         lines.append("none")
 
+    lines += ["", "## Recompiles beyond the expected (auto: after call 2; dynamic=True: after call 1)", ""]
+    any_recompile = False
+    for name, (auto, dyn) in results.items():
+        for r, mode, expected in [(auto, "auto", 2), (dyn, "dynamic=True", 1)]:
+            for k, reasons in enumerate(r["recompile_reasons"]):
+                if k >= expected and reasons:
+                    any_recompile = True
+                    lines.append(f"- {name} ({mode}) call {k + 1} {ZOO[name].shapes[k]}: " + "; ".join(_cell(x)[:400] for x in reasons))
+    if not any_recompile:
+        lines.append("none")
+
     lines += ["", "## Results that differ from eager, and errors", ""]
     bad = False
     for name, (auto, dyn) in results.items():
@@ -758,6 +784,7 @@ def main(argv=None):
         return 0
     torch.set_num_threads(1)
     logging.getLogger("ortlite").propagate = False  # captured per model, not printed
+    logging.getLogger("ortlite").addHandler(logging.NullHandler())
     try:
         import transformers
 
@@ -784,18 +811,21 @@ def main(argv=None):
             print(f"{name}: build failed\n{failed['error']}", flush=True)
             continue
         auto = run_model(name, None, model)
-        dyn = run_model(name, True, model)
+        dyn = run_model(name, True, model, keep=timed)
+        compiled = dyn.pop("compiled", None)
         results[name] = (auto, dyn)
         if timed:
             try:
-                timings[name] = time_model(name, args.rounds, model=model)
+                timings[name] = time_model(name, args.rounds, model=model, dynamic=compiled)
             except Exception:
                 timings[name] = {"error": traceback.format_exc()}
+            del compiled
+            torch._dynamo.reset()
         t = timings.get(name, {})
         tim = f" eager {t['eager_ms']:.2f} static {t['static_ms']:.2f} dynamic {t['dynamic_ms']:.2f} ms" if "eager_ms" in t else ""
         print(f"{name}: auto {_match(auto)} {auto['graphs_per_call']} sess {auto['sessions']} fb {_ops(auto['fallback_ops'])} | "
               f"dyn {_match(dyn)} {dyn['graphs_per_call']} sess {dyn['sessions']} fb {_ops(dyn['fallback_ops'])} |{tim} "
-              f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+              f"[{auto['seconds']:.0f}+{dyn['seconds']:.0f}+{time.perf_counter() - t0 - auto['seconds'] - dyn['seconds']:.0f} s]", flush=True)
     elapsed = time.perf_counter() - start
     header = (f"# ortlite model zoo, changing shapes\n\n`python bench/zoo.py{' ' + ' '.join(argv if argv is not None else sys.argv[1:])}` — "
               f"{len(names)} models, {elapsed / 60:.1f} min; torch {torch.__version__}, transformers {transformers.__version__}, "

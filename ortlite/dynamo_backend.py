@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .decomp import decomposition_table
 from .logs import warn_once
-from .lower import LoweringError, lower_graph
+from .lower import LoweringError, NodeNotLowered, lower_graph
 from .options import Options
 from .partition import alias_views_to_torch, fallback_counts, is_fallback, partition, unsupported_nodes
 from .runner import runner_for
@@ -113,7 +113,7 @@ class Backend:
                 try:
                     compiled, runners, unsupported = self._compile_once(gm, name, excluded, boxed)
                     break
-                except MissingKernel as e:
+                except (MissingKernel, NodeNotLowered) as e:
                     if e.node in excluded:
                         raise
                     # leave out every node of the same op and dtypes: one retry per kind
@@ -176,10 +176,11 @@ class Backend:
 
     def _runner_or_none(self, gm: torch.fx.GraphModule, name: str, boxed: bool = False):
         """A runner for all of gm, or None (with a warning) if lowering or the session
-        fails; a missing ORT kernel raises MissingKernel so the node can be left out."""
+        fails; a missing ORT kernel (MissingKernel) or a node that did not lower
+        (NodeNotLowered) propagates, so that the node can be left out."""
         try:
             return self._build_runner(gm, name, boxed and not self.options.check_baseline)
-        except MissingKernel:
+        except (MissingKernel, NodeNotLowered):  # compiled again without the node
             raise
         except Exception as e:
             if self.options.fallback == "error":

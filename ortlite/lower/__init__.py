@@ -11,9 +11,9 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
-from .registry import LOWERINGS, meta, unsupported_reason
+from .registry import LOWERINGS, meta, no_new_guards, unsupported_reason
 
-__all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "lower_graph", "unsupported_reason"]
+__all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
 
 # What the runner receives for each graph argument.
 TENSOR, INT, FLOAT, BOOL, UNUSED = "tensor", "int", "float", "bool", "unused"
@@ -22,6 +22,15 @@ SCALAR_DTYPES = {INT: torch.int64, FLOAT: torch.float64, BOOL: torch.bool}
 
 class LoweringError(RuntimeError):
     pass
+
+
+class NodeNotLowered(LoweringError):
+    """One node's lowering failed (e.g. it specializes a symbolic size): the graph can be
+    compiled again with that node left to torch."""
+
+    def __init__(self, node: str, reason: str):
+        super().__init__(f"{node}: {reason}")
+        self.node, self.reason = node, reason
 
 
 @dataclasses.dataclass
@@ -107,7 +116,11 @@ def lower_graph(
             inputs.append(spec)
         elif node.op == "call_function":
             g.current_origin = node.name
-            env[node] = _lower_node(g, node, env)
+            try:
+                with no_new_guards(node):
+                    env[node] = _lower_node(g, node, env)
+            except Exception as e:
+                raise NodeNotLowered(node.name, f"{type(e).__name__}: {e}") from e
         elif node.op == "get_attr":  # a tensor constant of the graph: an initializer
             value = _attr(gm, node.target)
             if not isinstance(value, torch.Tensor) or value.dtype not in TORCH_TO_ONNX or value.layout != torch.strided:

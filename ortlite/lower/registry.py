@@ -7,15 +7,23 @@ A lowering gets the GraphBuilder, the FX node, then the node's args and kwargs w
 tensor replaced by its `Value`. It returns the output name (a tuple for several outputs).
 `check(node)` returns a reason string when the lowering cannot match aten's semantics for
 this node's arguments; the partitioner then leaves the node to torch.
+
+Symbolic sizes: sizes reach ONNX through g.shape()/g.sym() (computed in the graph), or as
+Python ints where the ShapeEnv knows them for every size the graph serves. Checks and
+lowerings run under `no_new_guards`: a size turned into a Python value that the ShapeEnv
+does not already know (`if n == 1`, `int(n)`) would hold for this size only, so the node
+is left to torch instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import _ShapeEnvGuardError
 
 from .builder import TORCH_TO_ONNX
 
@@ -24,22 +32,19 @@ from .builder import TORCH_TO_ONNX
 class Lowering:
     fn: Callable
     check: Callable[[torch.fx.Node], str | None] | None
-    symbolic: bool  # handles symbolic sizes (builds them with g.shape / g.sym)
 
 
 LOWERINGS: dict[object, Lowering] = {}
 
 
-def lower(*targets, check: Callable[[torch.fx.Node], str | None] | None = None, symbolic: bool = False):
-    """Register a lowering. symbolic=True says it is exact with symbolic sizes too: sizes
-    reach ONNX through g.shape()/g.sym(), never through Python arithmetic on SymInts
-    (which would also add guards after Dynamo has finished)."""
+def lower(*targets, check: Callable[[torch.fx.Node], str | None] | None = None):
+    """Register a lowering (see the module docstring)."""
 
     def register(fn):
         for target in targets:
             if target in LOWERINGS:
                 raise RuntimeError(f"two lowerings registered for {target}")
-            LOWERINGS[target] = Lowering(fn, check, symbolic)
+            LOWERINGS[target] = Lowering(fn, check)
         return fn
 
     return register
@@ -59,18 +64,37 @@ def node_tensors(node: torch.fx.Node):
     return [v for v in vals if isinstance(v, torch.Tensor)]
 
 
-def has_symbolic_shape(t: torch.Tensor) -> bool:
-    return any(not isinstance(d, int) for d in t.shape)
+class SpecializesSize(Exception):
+    """A check or lowering turned a symbolic size into a Python value the ShapeEnv does
+    not know for every size: its result would hold for this size only."""
 
 
-def is_symbolic(node: torch.fx.Node) -> bool:
-    """Does the node read or write symbolic sizes?"""
-    if any(has_symbolic_shape(t) for t in node_tensors(node)):
-        return True
+def shape_env_of(node: torch.fx.Node):
+    """The ShapeEnv of the symbolic sizes a node reads or writes, or None (all static)."""
     values = []
     torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values.append(meta(n)))
-    values.append(meta(node))
-    return any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in values)
+    out = meta(node)
+    values.extend(out if isinstance(out, (tuple, list)) else [out])
+    for v in values:
+        sizes = list(v.shape) + ([v.storage_offset()] if v.layout == torch.strided else []) if isinstance(v, torch.Tensor) else [v]
+        for s in sizes:
+            if isinstance(s, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return s.node.shape_env
+    return None
+
+
+@contextlib.contextmanager
+def no_new_guards(node: torch.fx.Node):
+    """Raise SpecializesSize where the body would add a guard on the node's sizes."""
+    shape_env = shape_env_of(node)
+    if shape_env is None:
+        yield
+        return
+    try:
+        with shape_env.error_on_new_guards():
+            yield
+    except _ShapeEnvGuardError as e:
+        raise SpecializesSize(f"specializes a symbolic size ({e})") from None
 
 
 def _returns_nothing(target) -> bool:
@@ -93,10 +117,12 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             return f"layout {t.layout}"
         if not (t.device.type == "cpu" and t.dim() == 0):  # aten mixes CPU scalars into device ops
             devices.add(t.device)
-    if not lowering.symbolic and is_symbolic(node):
-        return "symbolic sizes"
     if len(devices) > 1:
         return "mixed devices"
     if lowering.check is not None:
-        return lowering.check(node)
+        try:
+            with no_new_guards(node):
+                return lowering.check(node)
+        except SpecializesSize as e:
+            return f"its check {e}"
     return None

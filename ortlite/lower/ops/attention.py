@@ -76,7 +76,7 @@ def _scores(g, q, k, scale, is_causal, attn_mask):
     return scores, k, scale
 
 
-@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_sdpa_check, symbolic=True)
+@lower(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_sdpa_check)
 def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     scores, _, _ = _scores(g, q, k, scale, is_causal, attn_mask)
     v = _repeat_heads(g, v, q.shape[1])
@@ -102,7 +102,7 @@ def _sdpa_backward_check(node):
     return reason or (None if q.dtype in (torch.float32, torch.float64) else f"attention backward in {q.dtype}")
 
 
-@lower(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, check=_sdpa_backward_check, symbolic=True)
+@lower(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, check=_sdpa_backward_check)
 def sdpa_flash_cpu_backward(g, node, grad_out, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
     scores, k_heads, scale = _scores(g, q, k, scale, is_causal, attn_mask)
     v_heads = _repeat_heads(g, v, q.shape[1])

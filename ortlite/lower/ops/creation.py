@@ -23,17 +23,17 @@ def _fill(g, node, value):
     return g.op("Expand", scalar, g.shape(shape))
 
 
-@lower(aten.full.default, symbolic=True)
+@lower(aten.full.default)
 def full(g, node, size, fill_value, **_):
     return _fill(g, node, fill_value)
 
 
-@lower(aten.full_like.default, symbolic=True)
+@lower(aten.full_like.default)
 def full_like(g, node, x, fill_value, **_):
     return _fill(g, node, fill_value)
 
 
-@lower(aten.scalar_tensor.default, symbolic=True)
+@lower(aten.scalar_tensor.default)
 def scalar_tensor(g, node, value, **_):
     return _fill(g, node, value)
 
@@ -56,7 +56,7 @@ def _arange_check(node):
     return None
 
 
-@lower(aten.arange.start_step, aten.arange.default, aten.arange.start, check=_arange_check, symbolic=True)
+@lower(aten.arange.start_step, aten.arange.default, aten.arange.start, check=_arange_check)
 def arange(g, node, *args, **kwargs):
     dtype = out_dtype(node)
     if not is_static(out_shape(node)):

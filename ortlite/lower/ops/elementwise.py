@@ -32,14 +32,14 @@ def _finish(g: GraphBuilder, node, result: str, dtype: torch.dtype) -> str:
 # -- arithmetic ------------------------------------------------------------------------
 
 
-@lower(aten.add.Tensor, aten.add.Scalar, symbolic=True)
+@lower(aten.add.Tensor, aten.add.Scalar)
 def add(g, node, a, b, *, alpha=1):
     if out_dtype(node) == torch.bool and not alpha:  # a + False * b
         return g.op("Expand", as_value(g, a, torch.bool), g.ints(out_shape(node)))
     return _add_sub(g, node, "Add", a, b, alpha)
 
 
-@lower(aten.sub.Tensor, aten.sub.Scalar, symbolic=True)
+@lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(g, node, a, b, *, alpha=1):
     return _add_sub(g, node, "Sub", a, b, alpha)
 
@@ -54,7 +54,7 @@ def _add_sub(g, node, op_type, a, b, alpha):
     return _finish(g, node, g.op(op_type, a, b), dtype)
 
 
-@lower(aten.mul.Tensor, aten.mul.Scalar, symbolic=True)
+@lower(aten.mul.Tensor, aten.mul.Scalar)
 def mul(g, node, a, b):
     if out_dtype(node) == torch.bool:
         return g.op("And", as_value(g, a, torch.bool), as_value(g, b, torch.bool))
@@ -106,7 +106,6 @@ def _safe_int_divisor(g: GraphBuilder, node, b: Value) -> Value:
     aten.div.Scalar_mode,
     aten.true_divide.Tensor,
     check=_div_check,
-    symbolic=True,
 )
 def div(g, node, a, b, *, rounding_mode=None):
     dtype = _compute_dtype(node, a, b)
@@ -156,7 +155,7 @@ def _pow_check(node):
     return None
 
 
-@lower(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar, check=_pow_check, symbolic=True)
+@lower(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar, check=_pow_check)
 def pow_(g, node, base, exponent):
     dtype = _compute_dtype(node, base, exponent)
     if not is_float(dtype):
@@ -214,7 +213,7 @@ def _int_pow(g: GraphBuilder, node, base, exponent) -> Value:
 
 
 def _unary(target, op_type):
-    @lower(target, symbolic=True)
+    @lower(target)
     def fn(g, node, x):
         return g.op(op_type, g.cast(x, out_dtype(node)))
 
@@ -245,12 +244,12 @@ def _float_only(node):
     return None if is_float(out_dtype(node)) else "non-float input"
 
 
-@lower(aten.rsqrt.default, symbolic=True)
+@lower(aten.rsqrt.default)
 def rsqrt(g, node, x):
     return g.op("Reciprocal", g.op("Sqrt", g.cast(x, out_dtype(node))))
 
 
-@lower(aten.relu.default, check=_not_bool, symbolic=True)
+@lower(aten.relu.default, check=_not_bool)
 def relu(g, node, x):
     if is_float(x.dtype):
         return g.op("Relu", x)
@@ -265,17 +264,17 @@ def _gelu_check(node):
     return None if out_dtype(node) in (torch.float32, torch.float16) else f"gelu in {out_dtype(node)}"
 
 
-@lower(aten.gelu.default, check=_gelu_check, symbolic=True)
+@lower(aten.gelu.default, check=_gelu_check)
 def gelu(g, node, x, approximate="none"):
     return g.op("Gelu", x, approximate=approximate)
 
 
-@lower(aten.silu.default, symbolic=True)
+@lower(aten.silu.default)
 def silu(g, node, x):
     return g.op("Mul", x, g.op("Sigmoid", x))
 
 
-@lower(aten.threshold_backward.default, symbolic=True)
+@lower(aten.threshold_backward.default)
 def threshold_backward(g, node, grad, x, threshold):
     dtype = out_dtype(node)
     below = g.op("LessOrEqual", x, g.const(threshold, x.dtype))
@@ -285,14 +284,14 @@ def threshold_backward(g, node, grad, x, threshold):
 # -- where, comparisons, logic ---------------------------------------------------------
 
 
-@lower(aten.where.self, symbolic=True)
+@lower(aten.where.self)
 def where(g, node, cond, a, b):
     dtype = out_dtype(node)
     return common.where(g, g.cast(cond, torch.bool), as_value(g, a, dtype), as_value(g, b, dtype), dtype)
 
 
 def _compare(target, op_type, negate=False):
-    @lower(target, symbolic=True)
+    @lower(target)
     def fn(g, node, a, b):
         dtype = promoted_dtype(arg_val(node, 0), arg_val(node, 1))
         if dtype == torch.bool and op_type != "Equal":
@@ -316,7 +315,7 @@ for _name, _op_type, _negate in [
 
 
 def _logical(target, op_type):
-    @lower(target, symbolic=True)
+    @lower(target)
     def fn(g, node, *xs):
         result = g.op(op_type, *(g.cast(x, torch.bool) for x in xs))
         return g.cast(Value(result, torch.bool, ()), out_dtype(node))
@@ -333,7 +332,7 @@ _logical(aten.logical_not.default, "Not")
 # -- clamp -----------------------------------------------------------------------------
 
 
-@lower(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor, symbolic=True)
+@lower(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor)
 def clamp(g, node, x, min=None, max=None):
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         min, max = None, min
@@ -497,7 +496,7 @@ LEFT_SHIFTS = (aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Sc
 RIGHT_SHIFTS = (aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor)
 
 
-@lower(*LEFT_SHIFTS, aten.__lshift__.Tensor, aten.__lshift__.Scalar, *RIGHT_SHIFTS, aten.__rshift__.Tensor, aten.__rshift__.Scalar, check=_shift_check, symbolic=True)
+@lower(*LEFT_SHIFTS, aten.__lshift__.Tensor, aten.__lshift__.Scalar, *RIGHT_SHIFTS, aten.__rshift__.Tensor, aten.__rshift__.Scalar, check=_shift_check)
 def bitwise_shift(g, node, a, b):
     """aten's shifts: by a negative amount or past the width, a left shift gives 0 and a
     right shift a >> (width - 1) for signed types, 0 for unsigned. ONNX's BitShift is
@@ -620,7 +619,7 @@ def nextafter(g, node, x, y):
 # -- binary math -----------------------------------------------------------------------
 
 
-@lower(aten.maximum.default, aten.minimum.default, symbolic=True)
+@lower(aten.maximum.default, aten.minimum.default)
 def maximum(g, node, a, b):
     dtype = out_dtype(node)
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
@@ -641,7 +640,7 @@ def fmax(g, node, a, b):
     return result
 
 
-@lower(aten.fmod.Tensor, aten.fmod.Scalar, check=_int_divisor_check, symbolic=True)
+@lower(aten.fmod.Tensor, aten.fmod.Scalar, check=_int_divisor_check)
 def fmod(g, node, a, b):
     dtype = _compute_dtype(node, a, b)
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
@@ -651,7 +650,7 @@ def fmod(g, node, a, b):
     return _finish(g, node, mod, dtype)
 
 
-@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, check=_int_divisor_check, symbolic=True)
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, check=_int_divisor_check)
 def remainder(g, node, a, b):
     dtype = _compute_dtype(node, a, b)
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)

@@ -167,7 +167,7 @@ def _gather_check(node):
     return None
 
 
-@lower(aten.gather.default, check=_gather_check, symbolic=True)
+@lower(aten.gather.default, check=_gather_check)
 def gather(g, node, x, dim, index, sparse_grad=False):
     if any(isinstance(d, int) and d == 0 for d in index.shape):
         return g.op("Expand", g.const(0, x.dtype), g.shape(index.shape))
@@ -320,7 +320,7 @@ def _embedding_backward_check(node):
     return "scale_grad_by_freq" if scale_grad_by_freq else None
 
 
-@lower(aten.embedding_dense_backward.default, check=_embedding_backward_check, symbolic=True)
+@lower(aten.embedding_dense_backward.default, check=_embedding_backward_check)
 def embedding_dense_backward(g, node, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     dim = grad.shape[-1]
     rows = g.op("Reshape", grad, g.ints([-1, dim]))

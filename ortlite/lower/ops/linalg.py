@@ -25,7 +25,7 @@ def _zeros(g, node):
     return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
 
 
-@lower(aten.mm.default, aten.bmm.default, check=_inner_check, symbolic=True)
+@lower(aten.mm.default, aten.bmm.default, check=_inner_check)
 def mm(g, node, a, b):
     if _empty_inner(a):
         # ONNX Runtime's MatMul over an empty inner dim leaves a bound output unwritten
@@ -50,7 +50,7 @@ def _matmul(g, node, a, b):
     return _zeros(g, node) if _empty_inner(a) else g.op("MatMul", a, b)
 
 
-@lower(aten.addmm.default, check=_inner_check, symbolic=True)
+@lower(aten.addmm.default, check=_inner_check)
 def addmm(g, node, bias, a, b, *, beta=1, alpha=1):
     if not is_float(out_dtype(node)):  # Gemm is float-only
         return _scaled_sum(g, node, _matmul(g, node, a, b), bias, beta, alpha)

@@ -24,12 +24,12 @@ def _softmax(g, node, op_type, x):
     return g.op(op_type, x, axis=norm_dim(dim, x.rank))
 
 
-@lower(aten._softmax.default, check=_float_check, symbolic=True)
+@lower(aten._softmax.default, check=_float_check)
 def softmax(g, node, x, dim, half_to_float):
     return _softmax(g, node, "Softmax", x)
 
 
-@lower(aten._log_softmax.default, check=_float_check, symbolic=True)
+@lower(aten._log_softmax.default, check=_float_check)
 def log_softmax(g, node, x, dim, half_to_float):
     return _softmax(g, node, "LogSoftmax", x)
 
@@ -43,7 +43,7 @@ def _layer_norm_check(node):
     return _float_check(node)
 
 
-@lower(aten.native_layer_norm.default, check=_layer_norm_check, symbolic=True)
+@lower(aten.native_layer_norm.default, check=_layer_norm_check)
 def native_layer_norm(g, node, x, normalized_shape, weight, bias, eps):
     if weight is None:
         weight = g.const(torch.ones(tuple(normalized_shape), dtype=x.dtype))
@@ -62,7 +62,7 @@ def _batch_norm_check(node):
     return _float_check(node)
 
 
-@lower(aten._native_batch_norm_legit_no_training.default, check=_batch_norm_check, symbolic=True)
+@lower(aten._native_batch_norm_legit_no_training.default, check=_batch_norm_check)
 def batch_norm_inference(g, node, x, weight, bias, running_mean, running_var, momentum, eps):
     channels = x.shape[1]
     dtype = x.dtype
@@ -91,7 +91,7 @@ def _conv_check(node):
     return None
 
 
-@lower(aten.convolution.default, check=_conv_check, symbolic=True)
+@lower(aten.convolution.default, check=_conv_check)
 def convolution(g, node, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.rank - 2
     stride, padding, dilation, output_padding = (_spatial_list(v, spatial) for v in (stride, padding, dilation, output_padding))
@@ -127,7 +127,7 @@ def _wide_output_padding(g, node, x, weight, bias, stride, padding, dilation, gr
     return result
 
 
-@lower(aten.embedding.default, symbolic=True)
+@lower(aten.embedding.default)
 def embedding(g, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return g.op("Gather", weight, indices, axis=0)
 
@@ -151,7 +151,7 @@ def _conv_backward_check(node):
     return None if is_float(x.dtype) else "non-float input"
 
 
-@lower(aten.convolution_backward.default, check=_conv_backward_check, symbolic=True)
+@lower(aten.convolution_backward.default, check=_conv_backward_check)
 def convolution_backward(g, node, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask):
     spatial = x.rank - 2
     stride, padding, dilation = (_spatial_list(v, spatial) for v in (stride, padding, dilation))
@@ -239,19 +239,19 @@ def _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, 
     return y, mean_c, rstd_c, new_mean, new_var
 
 
-@lower(aten._native_batch_norm_legit_functional.default, check=_bn_training_check, symbolic=True)
+@lower(aten._native_batch_norm_legit_functional.default, check=_bn_training_check)
 def batch_norm_legit_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lower(aten._batch_norm_with_update_functional.default, check=_bn_training_check, symbolic=True)
+@lower(aten._batch_norm_with_update_functional.default, check=_bn_training_check)
 def batch_norm_with_update_functional(g, node, x, weight, bias, running_mean, running_var, momentum, eps):
     y, mean, rstd, new_mean, new_var = _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, True, momentum, eps)
     reserve = node.meta["val"][3]
     return y, mean, rstd, g.op("Expand", g.const(0, reserve.dtype), g.ints(tuple(reserve.shape))), new_mean, new_var
 
 
-@lower(aten._native_batch_norm_legit.no_stats, check=_bn_training_check, symbolic=True)
+@lower(aten._native_batch_norm_legit.no_stats, check=_bn_training_check)
 def batch_norm_no_stats(g, node, x, weight, bias, training, momentum, eps):
     mean, var, centered, rstd = _batch_stats(g, x, float(eps))
     y = _affine(g, x, g.op("Mul", centered, rstd), weight, bias)

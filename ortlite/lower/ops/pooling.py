@@ -102,7 +102,7 @@ def _int_pool_table(x_shape, spatial, out_spatial, kernel, strides, pads, dilati
     return windows.window_table(sources, sizes)
 
 
-@lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check, symbolic=True)
+@lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check)
 def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
     x, unbatched = _batched(g, x, spatial)
@@ -163,7 +163,6 @@ def _max_pool_backward_check(node):
     aten.max_pool2d_with_indices_backward.default,
     aten.max_pool3d_with_indices_backward.default,
     check=_max_pool_backward_check,
-    symbolic=True,
 )
 def max_pool_backward(g, node, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
     # each output's gradient goes to the input element its index names, summed

@@ -32,22 +32,22 @@ def _nonempty_check(node):
     return "reduction over a dim that may be empty" if any(may_be_zero(x.shape[a]) for a in axes) else None
 
 
-@lower(aten.sum.dim_IntList, aten.sum.default, symbolic=True)
+@lower(aten.sum.dim_IntList, aten.sum.default)
 def sum_(g, node, x, dim=None, keepdim=False, *, dtype=None):
     return _reduce(g, node, "ReduceSum", x, dim, keepdim)
 
 
-@lower(aten.mean.dim, aten.mean.default, check=_nonempty_check, symbolic=True)
+@lower(aten.mean.dim, aten.mean.default, check=_nonempty_check)
 def mean(g, node, x, dim=None, keepdim=False, *, dtype=None):
     return _reduce(g, node, "ReduceMean", x, dim, keepdim)
 
 
-@lower(aten.amax.default, check=_nonempty_check, symbolic=True)
+@lower(aten.amax.default, check=_nonempty_check)
 def amax(g, node, x, dim=(), keepdim=False):
     return _propagate_nan(g, node, x, dim, keepdim, _reduce(g, node, "ReduceMax", x, dim, keepdim))
 
 
-@lower(aten.amin.default, check=_nonempty_check, symbolic=True)
+@lower(aten.amin.default, check=_nonempty_check)
 def amin(g, node, x, dim=(), keepdim=False):
     return _propagate_nan(g, node, x, dim, keepdim, _reduce(g, node, "ReduceMin", x, dim, keepdim))
 

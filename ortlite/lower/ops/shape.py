@@ -23,33 +23,32 @@ def reshape_to(g, x, shape):
     aten.squeeze.dim,
     aten.squeeze.dims,
     aten.squeeze.default,
-    symbolic=True,
 )
 def view(g, node, x, *_):
     return reshape_to(g, x, out_shape(node))
 
 
-@lower(aten.unsqueeze.default, symbolic=True)
+@lower(aten.unsqueeze.default)
 def unsqueeze(g, node, x, dim):
     return g.op("Unsqueeze", x, g.ints([norm_dim(dim, x.rank + 1)]))
 
 
-@lower(aten.permute.default, symbolic=True)
+@lower(aten.permute.default)
 def permute(g, node, x, dims):
     return g.op("Transpose", x, perm=[norm_dim(d, x.rank) for d in dims]) if x.rank else g.op("Identity", x)
 
 
-@lower(aten.t.default, symbolic=True)
+@lower(aten.t.default)
 def t(g, node, x):
     return g.op("Transpose", x, perm=[1, 0]) if x.rank == 2 else g.op("Identity", x)
 
 
-@lower(aten.expand.default, symbolic=True)
+@lower(aten.expand.default)
 def expand(g, node, x, *_):
     return g.op("Expand", x, g.shape(out_shape(node)))
 
 
-@lower(aten.cat.default, symbolic=True)
+@lower(aten.cat.default)
 def cat(g, node, tensors, dim=0):
     dtype, rank = out_dtype(node), len(out_shape(node))
     # aten skips legacy empty 1-D tensors when concatenating tensors of higher rank
@@ -68,7 +67,7 @@ def _static_step(node):
     return None if isinstance(step, int) else "symbolic slice step"
 
 
-@lower(aten.slice.Tensor, check=_static_step, symbolic=True)
+@lower(aten.slice.Tensor, check=_static_step)
 def slice_(g, node, x, dim=0, start=None, end=None, step=1):
     if x.rank == 0:
         return g.op("Identity", x)
@@ -77,13 +76,13 @@ def slice_(g, node, x, dim=0, start=None, end=None, step=1):
     return g.op("Slice", x, g.shape([start]), g.shape([end]), g.ints([norm_dim(dim, x.rank)]), g.ints([step]))
 
 
-@lower(aten.select.int, symbolic=True)
+@lower(aten.select.int)
 def select(g, node, x, dim, index):
     index = index if isinstance(index, str) else g.const(index, torch.int64)
     return g.op("Gather", x, index, axis=norm_dim(dim, x.rank))
 
 
-@lower(aten.clone.default, aten.alias.default, aten.detach.default, symbolic=True)
+@lower(aten.clone.default, aten.alias.default, aten.detach.default)
 def clone(g, node, x, **_):
     return g.op("Identity", x)
 
@@ -95,12 +94,12 @@ def _to_copy_check(node):
     return None
 
 
-@lower(aten._to_copy.default, check=_to_copy_check, symbolic=True)
+@lower(aten._to_copy.default, check=_to_copy_check)
 def to_copy(g, node, x, **_):
     return g.op("Identity", g.cast(x, out_dtype(node)))
 
 
-@lower(aten.split_with_sizes.default, aten.split.Tensor, symbolic=True)
+@lower(aten.split_with_sizes.default, aten.split.Tensor)
 def split(g, node, x, split, dim=0):
     dim = norm_dim(dim, x.rank)
     sizes = [t.shape[dim] for t in node.meta["val"]]
@@ -109,12 +108,12 @@ def split(g, node, x, split, dim=0):
     return g.op("Split", x, g.shape(sizes), axis=dim, outputs=len(sizes))
 
 
-@lower(aten.lift_fresh_copy.default, symbolic=True)
+@lower(aten.lift_fresh_copy.default)
 def lift_fresh_copy(g, node, x):
     return g.op("Identity", x)
 
 
-@lower(torch.ops.prims.convert_element_type.default, symbolic=True)
+@lower(torch.ops.prims.convert_element_type.default)
 def convert_element_type(g, node, x, dtype):
     return g.op("Identity", g.cast(x, out_dtype(node)))
 
@@ -274,7 +273,7 @@ def _splice(g, x, src, dim, start, end):
     return g.op("Concat", head, src, tail, axis=dim)
 
 
-@lower(aten.slice_scatter.default, check=_scatter_position_check, symbolic=True)
+@lower(aten.slice_scatter.default, check=_scatter_position_check)
 def slice_scatter(g, node, x, src, dim=0, start=None, end=None, step=1):
     dim = norm_dim(dim, x.rank)
     src = g.cast(src, x.dtype)
@@ -284,7 +283,7 @@ def slice_scatter(g, node, x, src, dim=0, start=None, end=None, step=1):
     return _scatter_along(g, x, src, dim, indices)
 
 
-@lower(aten.select_scatter.default, check=_scatter_position_check, symbolic=True)
+@lower(aten.select_scatter.default, check=_scatter_position_check)
 def select_scatter(g, node, x, src, dim, index):
     dim = norm_dim(dim, x.rank)
     src = g.op("Unsqueeze", g.cast(src, x.dtype), g.ints([dim]))
@@ -307,7 +306,7 @@ def unfold(g, node, x, dimension, size, step):
     return g.op("Transpose", gathered, perm=perm)
 
 
-@lower(aten._assert_tensor_metadata.default, symbolic=True)
+@lower(aten._assert_tensor_metadata.default)
 def assert_tensor_metadata(g, node, *args, **kwargs):
     """torch.export's check that a tensor has the metadata tracing saw: true by construction
     of the lowered graph (its inputs are checked by the runner). Nothing to compute."""

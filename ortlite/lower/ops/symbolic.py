@@ -28,13 +28,12 @@ def _integer_result(node):
     torch.sym_max,
     torch.sym_min,
     check=_integer_result,
-    symbolic=True,
 )
 def size_arithmetic(g, node, *args):
     return g.sym(meta(node))
 
 
-@lower(operator.truediv, symbolic=True)
+@lower(operator.truediv)
 def size_division(g, node, a, b):
     """size / size is a float (a SymFloat), computed in float64 as Python does."""
     as_float = lambda v: g.cast(v, torch.float64) if isinstance(v, str) else g.const(float(v), torch.float64)  # noqa: E731
