@@ -145,5 +145,73 @@ def partition(gm: torch.fx.GraphModule, excluded: dict[str, str]) -> tuple[torch
     partitioner = CapabilityBasedPartitioner(gm, _Support(excluded), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     fused = partitioner.fuse_partitions(partitions)
-    names = [n.target for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
-    return fused, names
+    calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
+    for call in calls:
+        _pass_sizes_in(fused, call)
+    fused.recompile()
+    return fused, [call.target for call in calls]
+
+
+def _pass_sizes_in(fused: torch.fx.GraphModule, call: torch.fx.Node) -> None:
+    """Give a fused submodule, as SymInt arguments, the sizes its nodes use that none of
+    its inputs has whole (e.g. h, where its input is h // 2 high after a pooling left to
+    torch): read in torch from a graph input or an earlier tensor that has them."""
+    sub = getattr(fused, call.target)
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    available = set()
+    for p in placeholders:
+        available |= {e for e in _size_exprs(p.meta.get("val")) if e.is_Symbol}
+    needed = set()
+    for n in sub.graph.nodes:
+        for e in _size_exprs(n.meta.get("val")):
+            needed |= e.free_symbols
+    missing = sorted(needed - available, key=str)
+    if not missing:
+        return
+    providers = _size_providers(fused, call)
+    added = []
+    for symbol in missing:
+        if symbol not in providers:
+            continue  # its lowering will say so, and that node is left to torch
+        source, dim = providers[symbol]
+        if dim is None:
+            value = source
+        else:
+            with fused.graph.inserting_before(call):
+                value = fused.graph.call_function(torch.ops.aten.sym_size.int, (source, dim))
+            value.meta["val"] = source.meta["val"].shape[dim]
+        with sub.graph.inserting_after(placeholders[-1] if placeholders else next(iter(sub.graph.nodes))):
+            placeholder = sub.graph.placeholder(f"size_{symbol}")
+        placeholder.meta["val"] = value.meta["val"]
+        placeholders.append(placeholder)
+        added.append(value)
+    if added:
+        call.args = (*call.args, *added)
+        sub.recompile()
+
+
+def _size_exprs(val) -> list:
+    """The sympy expressions of the SymInts in a meta value: tensor sizes, SymInt values."""
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    exprs = []
+    for v in vals:
+        sizes = list(v.shape) if isinstance(v, torch.Tensor) else [v]
+        exprs += [s.node.expr for s in sizes if isinstance(s, torch.SymInt)]
+    return exprs
+
+
+def _size_providers(fused: torch.fx.GraphModule, before: torch.fx.Node) -> dict:
+    """symbol -> (node, dim) in fused's graph ahead of `before` whose value is that size:
+    dim None for a SymInt node, else the tensor's dim."""
+    providers = {}
+    for n in fused.graph.nodes:
+        if n is before:
+            break
+        val = n.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:
+            providers.setdefault(val.node.expr, (n, None))
+        elif isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    providers.setdefault(size.node.expr, (n, d))
+    return providers

@@ -91,7 +91,10 @@ def lower_graph(
     symbols: dict = {}
     ranges: dict = {}
 
-    for node in gm.graph.nodes:
+    # Placeholders first: a partition's placeholders may come after nodes that use sizes
+    # they carry (torch.fx's fuse_partitions places them where first used).
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in placeholders + [n for n in gm.graph.nodes if n.op != "placeholder"]:
         if node.op == "placeholder" and node.name in constants:
             env[node] = g.weight(node.name, constants[node.name])
         elif node.op == "placeholder":

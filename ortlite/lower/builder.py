@@ -119,7 +119,11 @@ class GraphBuilder:
         return names[0] if outputs == 1 else tuple(names)
 
     def const(self, value: Any, dtype: torch.dtype | None = None) -> Value:
-        """An initializer holding `value` (a Python number, list, numpy array or torch tensor)."""
+        """An initializer holding `value` (a Python number, list, numpy array or torch tensor);
+        a size that is a SymInt (or a list with some) is computed in the graph instead."""
+        if isinstance(value, torch.SymInt) or (isinstance(value, (list, tuple)) and any(isinstance(v, torch.SymInt) for v in value)):
+            sizes = self.sym(value) if isinstance(value, torch.SymInt) else self.shape(value)
+            return sizes if dtype in (None, torch.int64) else self.cast(sizes, dtype)
         if isinstance(value, torch.Tensor):
             tensor = value.detach().cpu()
         else:

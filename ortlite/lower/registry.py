@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from typing import Callable
 
 import torch
@@ -90,11 +91,16 @@ def no_new_guards(node: torch.fx.Node):
     if shape_env is None:
         yield
         return
+    torch_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")  # logs the refused guard
+    level = torch_log.level
+    torch_log.setLevel(logging.ERROR)
     try:
         with shape_env.error_on_new_guards():
             yield
     except _ShapeEnvGuardError as e:
         raise SpecializesSize(f"specializes a symbolic size ({e})") from None
+    finally:
+        torch_log.setLevel(level)
 
 
 def _returns_nothing(target) -> bool:

@@ -8,7 +8,7 @@ import torch
 from onnx import TensorProto
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from ..builder import GraphBuilder, Value
+from ..builder import GraphBuilder, Value, sym_expr
 from ..registry import meta
 
 aten = torch.ops.aten
@@ -99,6 +99,29 @@ def may_be_empty(t) -> bool:
 
 def is_static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
+
+
+def same_shape(a, b) -> bool:
+    """Are two shapes the same for every size the graph serves? (Comparing SymInts with
+    == would add a guard.)"""
+    return len(a) == len(b) and all(sym_expr(x) == sym_expr(y) for x, y in zip(a, b))
+
+
+def broadcast_shape(*shapes) -> tuple:
+    """aten's broadcast of shapes whose sizes may be symbolic: where sizes differ, each
+    other one must be a static 1 (torch.broadcast_shapes would guard on symbols)."""
+    rank = max((len(s) for s in shapes), default=0)
+    result = []
+    for k in range(rank, 0, -1):
+        sizes = [s[len(s) - k] for s in shapes if len(s) >= k]
+        others = [d for d in sizes if not (isinstance(d, int) and d == 1)]
+        if not others:
+            result.append(1)
+        elif all(sym_expr(d) == sym_expr(others[0]) for d in others):
+            result.append(others[0])
+        else:
+            return tuple(torch.broadcast_shapes(*shapes))  # guards: the node is then left to torch
+    return tuple(result)
 
 
 def indices_used(node) -> bool:

@@ -10,15 +10,15 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import any_true, aten, arg_val, where, is_float, norm_dim, out_dtype, out_shape
+from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, norm_dim, out_dtype, out_shape, same_shape
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
-def _wrap_negative(g, index: Value, size: int) -> str:
+def _wrap_negative(g, index: Value, size) -> str:
     """aten accepts index -k for size - k; GatherND/ScatterND take only what is in range."""
     index = g.cast(index, torch.int64)
-    return g.op("Where", g.op("Less", index, g.const(0, torch.int64)), g.op("Add", index, g.const(size, torch.int64)), index)
+    return g.op("Where", g.op("Less", index, g.const(0, torch.int64)), g.op("Add", index, g.sym(size)), index)
 
 
 def _index_check(node):
@@ -40,11 +40,11 @@ def _gather_layout(g, x: Value, indices):
     positions = [d for d, i in enumerate(indices) if i is not None]
     perm = positions + [d for d in range(x.rank) if d not in positions]
     moved = g.op("Transpose", x, perm=perm) if perm != list(range(x.rank)) else x
-    shape = tuple(torch.broadcast_shapes(*(indices[d].shape for d in positions)))
+    shape = broadcast_shape(*(indices[d].shape for d in positions))
     columns = []
     for d in positions:
         index = _wrap_negative(g, indices[d], x.shape[d])
-        index = g.op("Expand", index, g.ints(shape)) if tuple(indices[d].shape) != shape else index
+        index = g.op("Expand", index, g.ints(shape)) if not same_shape(indices[d].shape, shape) else index
         columns.append(g.op("Unsqueeze", index, g.ints([len(shape)])))
     stacked = g.op("Concat", *columns, axis=-1) if len(columns) > 1 else columns[0]
     return moved, stacked, perm, shape, positions

@@ -1,6 +1,8 @@
 """Integer size arithmetic (SymInt nodes) in dynamic-shape graphs. Every such node's meta
 value is a sympy expression over the input sizes, so one lowering serves them all: the
-builder computes the expression in the graph from the inputs' shapes."""
+builder computes the expression in the graph from the inputs' shapes. Where the graph has
+no input of some symbol in it (a partition sees h // 2, not h), the node is computed from
+its own operands instead."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import operator
 
 import torch
 
+from ..builder import SymbolicShapeError
 from ..registry import lower, meta
 from .common import aten
 
@@ -25,12 +28,28 @@ def _integer_result(node):
     operator.floordiv,
     operator.mod,
     operator.neg,
+    operator.pow,
     torch.sym_max,
     torch.sym_min,
+    torch.sym_sum,
     check=_integer_result,
 )
 def size_arithmetic(g, node, *args):
-    return g.sym(meta(node))
+    try:
+        return g.sym(meta(node))
+    except SymbolicShapeError:
+        if node.target is aten.sym_size.int:
+            tensor, dim = args
+            return g.op("Gather", g.op("Shape", tensor), g.const(dim, torch.int64), axis=0)
+        if node.target not in _BINARY or (node.target is operator.floordiv and not (isinstance(args[1], int) and args[1] > 0)):
+            raise  # (floor division by a size that may be zero at run time)
+        a, b = [v if isinstance(v, str) else g.sym(v) for v in args]
+        if node.target is operator.floordiv:  # Python's floor, for a positive constant divisor
+            return g.op("Div", g.op("Sub", a, g.op("Mod", a, b, fmod=0)), b)
+        return g.op(_BINARY[node.target], a, b)
+
+
+_BINARY = {operator.add: "Add", operator.sub: "Sub", operator.mul: "Mul", operator.floordiv: "Div"}
 
 
 @lower(operator.truediv)
