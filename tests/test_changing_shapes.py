@@ -279,3 +279,27 @@ def test_sizes_function_computes_each_sympy_function_or_refuses(expr):
         (got,) = fn([values[s0], values[s1]])[1]
         expected = _value(expr, values)
         assert math.isclose(got, expected, rel_tol=1e-12), f"{expr} at {values}: {got} != {expected}"
+
+
+# --- a lowering that specializes a size is left to torch -------------------------------
+
+
+def test_a_lowering_that_specializes_a_symbolic_size_is_left_to_torch(monkeypatch):
+    """A lowering that turns a symbolic size into a Python int (here: a constant built
+    from the size seen at compile time) would be right for that size only; the ShapeEnv
+    refuses the guard, and the node runs in torch instead, for every size."""
+    from ortlite.lower.ops.common import aten
+    from ortlite.lower.registry import LOWERINGS, Lowering
+
+    def neg_then_specialize(g, node, x):
+        width = int(x.shape[-1])  # a guard on the symbolic size: refused
+        return g.op("Mul", g.op("Neg", x), g.const([1.0] * width, torch.float32))
+
+    monkeypatch.setitem(LOWERINGS, aten.neg.default, Lowering(neg_then_specialize, None))
+    backend = ortlite.Backend()
+    fn = torch.compile(lambda x: (-(x * 2)) + 1, backend=backend, dynamic=True)
+    for n in (3, 5, 8):
+        x = torch.randn(2, n)
+        assert torch.equal(fn(x), -(x * 2) + 1)
+    assert backend.stats.fallback_ops == {"aten.neg.default": 1}
+    assert backend.stats.sessions >= 1  # the rest still runs in ONNX Runtime
