@@ -37,6 +37,9 @@ BUCKETS = ("ort", "fallback", "wrong", "crash", "skipped")
 # float32 tolerances: ONNX Runtime's kernels (vectorized exp/tanh, blocked sums and
 # matmuls) round differently from aten's.
 RTOL, ATOL = 1e-4, 1e-5
+# Half precision: results that differ from eager by more than these are wrong unless they
+# are as accurate as eager's against the same op computed in float64 (see _as_accurate).
+HALF_TOLERANCE = {torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 8e-3)}
 # Ops whose float32 results legitimately differ more, with why.
 TOLERANCE = {}
 
@@ -165,7 +168,7 @@ def _compare(got, expected, rtol, atol) -> str | None:
 def _describe(sample) -> str:
     def show(x):
         if isinstance(x, torch.Tensor):
-            return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" + ("" if x.is_contiguous() else "nc")
+            return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" + ("" if x.layout != torch.strided or x.is_contiguous() else "nc")
         return repr(x)
 
     args = [show(a) for a in pytree.tree_leaves((sample.input, sample.args))]
@@ -202,7 +205,7 @@ def _signature(sample) -> tuple:
     other sizes or ints: the structure, the constants, and each tensor's dtype and rank."""
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     kinds = tuple(
-        ("t", x.dtype, x.dim(), x.is_contiguous()) if isinstance(x, torch.Tensor) else ("i",) if _is_argument(x) else ("c", repr(x))
+        ("t", x.dtype, x.dim(), x.layout, x.layout == torch.strided and x.is_contiguous()) if isinstance(x, torch.Tensor) else ("i",) if _is_argument(x) else ("c", repr(x))
         for x in leaves
     )
     return str(spec), kinds
@@ -251,10 +254,41 @@ def run_sample(op, sample, rtol=RTOL, atol=ATOL, backend_name="ortlite", mode="s
         backend.captured = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         torch._dynamo.reset()
     for k, (g, e) in enumerate(zip(got, expected)):
-        problem = _compare(g, e, rtol, atol)
+        half = _half_dtype(calls[k][1])
+        problem = _compare(g, e, *HALF_TOLERANCE.get(half, (rtol, atol)))
+        if problem and half is not None:
+            problem = _as_accurate(g, e, calls[k], problem)
         if problem:
             return "wrong", backend, f"call {k}: {problem}" if len(calls) > 1 else problem
     return "ok", backend, ""
+
+
+def _half_dtype(arguments):
+    return next((a.dtype for a in arguments if isinstance(a, torch.Tensor) and a.dtype in HALF_TOLERANCE), None)
+
+
+def _as_accurate(got, expected, call, problem: str) -> str | None:
+    """None when ortlite's half-precision result is as accurate as eager's against the op
+    computed in float64 on the same (exactly widened) inputs; else what differs."""
+    fn, arguments = call
+    wide = [a.double() if isinstance(a, torch.Tensor) and a.dtype in HALF_TOLERANCE else a for a in arguments]
+    try:
+        reference = fn(*wide)
+    except Exception:
+        return problem
+    for g, e, r in zip(*(pytree.tree_leaves(x) for x in (got, expected, reference))):
+        if not (isinstance(g, torch.Tensor) and g.is_floating_point() and isinstance(r, torch.Tensor) and r.shape == g.shape):
+            continue
+        r = r.to(torch.float64)
+        ours, eagers = (g.double() - r).abs(), (e.double() - r).abs()
+        finite = torch.isfinite(r)
+        # per element: at most eager's error plus one half-precision step of the value
+        step = r.abs() * torch.finfo(g.dtype).eps + torch.finfo(g.dtype).tiny
+        same = lambda a, b: (a == b) | (a.isnan() & b.isnan())  # noqa: E731
+        worse = (finite & ~(ours <= eagers + step)) | (~finite & ~same(g.double(), r) & ~same(g, e))
+        if worse.any():
+            return f"{problem} (and less accurate than eager against float64 at {int(worse.sum())} elements)"
+    return None
 
 
 def sweep_op(

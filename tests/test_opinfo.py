@@ -1,9 +1,14 @@
-"""Conformance against PyTorch's OpInfo database: for every op, a few sample inputs in
-float32 (and int64 / bool where the op takes them) run through
-torch.compile(backend=ortlite.Backend()). An op may fall back to torch; it must never give
-a result that differs from eager (wrong) or raise where eager does not (crash).
+"""Conformance against PyTorch's OpInfo database: for every op, a few sample inputs run
+through torch.compile(backend=ortlite.Backend()). An op may fall back to torch; it must never
+give a result that differs from eager (wrong) or raise where eager does not (crash).
 
-The full sweep, with every bucket counted: python bench/coverage.py
+Swept four ways: static shapes in float32, int64 and bool; float16 (a result that differs
+from eager must be as accurate as eager's against float64); dynamic=True, where every size
+and int argument is symbolic; and Dynamo's automatic dynamic, where the same compiled
+function is called with a sample and then one with other sizes or ints, as in a user's
+loop (the second call recompiles with what changed symbolic).
+
+The full sweeps, with every bucket counted: python bench/coverage.py [--mode dynamic|automatic]
 """
 
 import logging
@@ -13,10 +18,15 @@ import torch
 
 import opinfo_harness as h
 
-pytestmark = pytest.mark.slow  # about 5 minutes on 2 cores: deselect with -m "not slow"
+pytestmark = pytest.mark.slow  # about 15 minutes on 2 cores: deselect with -m "not slow"
 
-# Samples per op and dtype in CI (bench/coverage.py takes more): float32 first.
-SAMPLES = {torch.float32: 2, torch.int64: 1, torch.bool: 1}
+# (mode, dtype, samples per op) swept in CI; bench/coverage.py takes more.
+SWEEPS = {
+    "static": [(torch.float32, 2), (torch.int64, 1), (torch.bool, 1)],
+    "float16": [(torch.float16, 1)],
+    "dynamic": [(torch.float32, 1)],
+    "automatic": [(torch.float32, 1)],
+}
 
 OPS = h.all_ops()
 
@@ -28,12 +38,15 @@ def quiet():
     logging.getLogger("ortlite").setLevel(logging.NOTSET)
 
 
+@pytest.mark.parametrize("sweep", list(SWEEPS))
 @pytest.mark.parametrize("op", OPS, ids=[h.op_id(op) for op in OPS])
-def test_opinfo_never_wrong_or_crashing(op):
-    reason = h.excluded_reason(op)
+def test_opinfo_never_wrong_or_crashing(op, sweep):
+    dtypes = [dtype for dtype, _ in SWEEPS[sweep]]
+    reason = h.excluded_reason(op, dtypes)
     if reason:
         pytest.skip(reason)
-    results = [h.sweep_op(op, (dtype,), limit) for dtype, limit in SAMPLES.items()]
+    mode = "static" if sweep == "float16" else sweep
+    results = [h.sweep_op(op, (dtype,), limit, mode=mode) for dtype, limit in SWEEPS[sweep]]
     for result in results:
         assert result.bucket not in ("wrong", "crash"), f"{result.op} is {result.bucket}: {result.detail}"
     if all(r.bucket == "skipped" for r in results):
