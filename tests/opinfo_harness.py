@@ -246,6 +246,8 @@ def run_sample(op, sample, rtol=RTOL, atol=ATOL, backend_name="ortlite", mode="s
                 warnings.simplefilter("ignore")
                 got.append(compiled(*_clone(arguments)))
     except Exception as e:
+        if _fails_with_aot_eager(calls, dynamic):
+            return "eager-error", None, f"Dynamo fails on it with aot_eager too: {type(e).__name__}"
         return "crash", backend, f"call {len(got)}: {type(e).__name__}: {' '.join(str(e).split())[:400]}"
     finally:
         # torch._dynamo.reset() resets the backend too: keep what it saw first
@@ -261,6 +263,21 @@ def run_sample(op, sample, rtol=RTOL, atol=ATOL, backend_name="ortlite", mode="s
         if problem:
             return "wrong", backend, f"call {k}: {problem}" if len(calls) > 1 else problem
     return "ok", backend, ""
+
+
+def _fails_with_aot_eager(calls, dynamic) -> bool:
+    """Does torch.compile fail on these calls with aot_eager, PyTorch's own reference
+    backend? Then it is not ortlite's crash (e.g. Dynamo cannot trace the op)."""
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(calls[0][0], backend="aot_eager", dynamic=dynamic)
+        for _, arguments in calls:
+            compiled(*_clone(arguments))
+    except Exception:
+        return True
+    finally:
+        torch._dynamo.reset()
+    return False
 
 
 def _half_dtype(arguments):

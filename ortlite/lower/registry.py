@@ -131,4 +131,6 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
                 return lowering.check(node)
         except SpecializesSize as e:
             return f"its check {e}"
+        except Exception as e:  # e.g. a symbolic argument where the check expects a number
+            return f"its check failed: {type(e).__name__}: {e}"
     return None
