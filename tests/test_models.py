@@ -136,3 +136,28 @@ def test_aot_compile_of_a_model_family(family):
     compiled = ortlite.compile(Hidden(), (x.clone(),))
     with torch.no_grad():
         assert_same(compiled(x), Hidden()(x), rtol=1e-4, atol=1e-4)
+
+
+def test_generate_loop_with_a_dynamic_cache_gives_eager_tokens():
+    """model.forward compiled inside HuggingFace's generate (a growing DynamicCache, the
+    sequence length changing every step, a padded batch): the same tokens as eager, a few
+    graphs (prefill, first decode step, the symbolic decode step), nothing left to torch."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 99, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding in the second row
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        backend = ortlite.Backend()
+        model.forward = torch.compile(model.forward, backend=backend)
+        assert torch.equal(model.generate(ids, **kwargs), expected)
+        assert torch.equal(model.generate(ids, **kwargs), expected)  # the compiled graphs reused
+    stats = backend.stats
+    assert stats.fallback_ops == {}, stats.fallback_ops
+    assert stats.graphs <= 3 and stats.sessions <= 3, stats
