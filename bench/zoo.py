@@ -628,15 +628,19 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
 
 # --- reporting -----------------------------------------------------------------------
 
-_REASON = re.compile(r"^ortlite: (\S+) runs in torch \((.*)\)$", re.S)
+_REASON = re.compile(r"^ortlite: (.+?) runs in torch \((.*)\)$", re.S)
+_TARGET = re.compile(r"^<(?:built-in )?function (\w+)(?: at 0x[0-9a-f]+)?>$")
 
 
 def parse_reason(message: str) -> tuple[str, str]:
-    """(op, reason) of a fallback warning; for other messages ('graph with [...] runs in
-    torch: ...') the op list and the rest."""
+    """(op, reason) of a fallback warning, the op named as in Backend.stats.fallback_ops
+    ('aten.view.default', or 'mul' for <built-in function mul>); for other messages
+    ('graph with [...] runs in torch: ...') the op list and the rest."""
     m = _REASON.match(message)
     if m:
-        return m.group(1), m.group(2)
+        op = m.group(1)
+        target = _TARGET.match(op)
+        return (target.group(1) if target else op), m.group(2)
     m = re.match(r"^ortlite: graph with (\[.*?\]) runs in torch: (.*)$", message, re.S)
     if m:
         return f"graph {m.group(1)}", m.group(2)
@@ -696,27 +700,43 @@ def report(results: dict, timings: dict, header: str) -> str:
         lines.append("| " + " | ".join(_cell(c) for c in cols) + " |")
 
     # what falls back, aggregated over models
-    for title, key in [("with symbolic sizes (dynamic=True)", "dyn"), ("at call 1 of auto (static sizes)", "static")]:
+    def subtract(total, first):
+        return {op: n - first.get(op, 0) for op, n in total.items() if n - first.get(op, 0) > 0}
+
+    sections = [
+        ("with symbolic sizes (dynamic=True, all calls)", lambda a, d: (d["fallback_ops"], d["reasons"])),
+        ("in auto's recompiled graphs (calls 2 and on: automatic dynamic)",
+         lambda a, d: (subtract(a["fallback_ops"], a["fallback_ops_first_call"]), [m for ms in a["reasons_per_call"][1:] for m in ms])),
+        ("at call 1 of auto (static sizes)",
+         lambda a, d: (a["fallback_ops_first_call"], a["reasons_per_call"][0] if a["reasons_per_call"] else [])),
+    ]
+    for title, pick in sections:
         agg: dict[str, set] = collections.defaultdict(set)
         nodes: collections.Counter = collections.Counter()
         why: dict[str, set] = collections.defaultdict(set)
         for name, (auto, dyn) in results.items():
-            ops = dyn["fallback_ops"] if key == "dyn" else auto["fallback_ops_first_call"]
-            msgs = dyn["reasons"] if key == "dyn" else (auto["reasons_per_call"][0] if auto["reasons_per_call"] else [])
+            ops, msgs = pick(auto, dyn)
             for op, n in ops.items():
                 agg[op].add(name)
                 nodes[op] += n
             for m in msgs:
                 op, reason = parse_reason(m)
                 why[op].add(reason)
-                if op.startswith("graph") or op == "(other)":
-                    agg[op].add(name)
-        lines += ["", f"## What falls back {title}", "", "| op | models | nodes | models (names) | reasons (verbatim) |", "|---|---|---|---|---|"]
+                agg[op].add(name)
+        lines += ["", f"## What falls back {title}", "",
+                  "| op | models | nodes | models (names) | reasons (verbatim, distinct) |", "|---|---|---|---|---|"]
         for op in sorted(agg, key=lambda o: (-len(agg[o]), o)):
-            lines.append("| " + " | ".join(_cell(c) for c in [op, str(len(agg[op])), str(nodes.get(op, "")), ", ".join(sorted(agg[op])),
-                                                              " / ".join(sorted(why.get(op, {"?"})))]) + " |")
+            cells = [op, str(len(agg[op])), str(nodes.get(op, "")), ", ".join(sorted(agg[op])), " / ".join(sorted(why.get(op, {"?"})))]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         if not agg:
             lines.append("| (nothing) | | | | |")
+
+    lines += ["", "## ortlite's messages per model and call (verbatim)", ""]
+    for name, (auto, dyn) in results.items():
+        for r, mode in [(auto, "auto"), (dyn, "dynamic=True")]:
+            for k, msgs in enumerate(r["reasons_per_call"]):
+                for m in msgs:
+                    lines.append(f"- {name} ({mode}) call {k + 1}: `{_cell(m)}`")
 
     lines += ["", "## Graph breaks (Dynamo)", ""]
     any_break = False
@@ -776,6 +796,7 @@ def main(argv=None):
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", help="markdown file (default bench/results/zoo.md for a full run, none otherwise)")
+    parser.add_argument("--json", help="also write every result (run_model's dicts, timings) to this file")
     parser.add_argument("--list", action="store_true", help="list the zoo and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -838,6 +859,11 @@ def main(argv=None):
         with open(out, "w") as f:
             f.write(text)
         print(f"written to {out}")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"header": header, "results": results, "timings": timings}, f, indent=1, default=str)
     return 0
 
 

@@ -280,7 +280,8 @@ def test_views():
     check_lowered(lambda x: x.transpose(-1, 0) + 1, x)
     check_lowered(lambda x: x.unsqueeze(-1) + 1, x)
     check_lowered(lambda x: x.unsqueeze(0) + 1, torch.tensor(3.0))
-    check_lowered(lambda x: (x.squeeze(), x.squeeze(1), x.squeeze(-1), x.squeeze(0)), f32(3, 1, 4, 1))
+    # (views returned as they are alias the input: torch makes those, see test_changing_shapes)
+    check_lowered(lambda x: (x.squeeze() * 1, x.squeeze(1) * 1, x.squeeze(-1) * 1, x.squeeze(0) * 1), f32(3, 1, 4, 1))
     check_lowered(lambda x: x.expand(2, 3, 4) + 1, f32(3, 1))
     check_lowered(lambda x: x.expand(-1, 4) + 1, f32(3, 1))
     check_lowered(lambda x: x.expand(3, 4) + 1, torch.tensor(1.0))
@@ -304,7 +305,7 @@ def test_slice_and_select():
     check_lowered(lambda x: x[-3:, 1:-1] * 1, x)
     check_lowered(lambda x: x[2:100, -100:2] * 1, x)
     check_lowered(lambda x: x[4:2] * 1, x)
-    check_lowered(lambda x: (x[1], x[:, -1], x[-2, 3]), x)
+    check_lowered(lambda x: (x[1] * 1, x[:, -1] * 1, x[-2, 3] * 1), x)
 
 
 # -- reductions ------------------------------------------------------------------------

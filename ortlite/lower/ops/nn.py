@@ -38,15 +38,13 @@ def _layer_norm_check(node):
     x = node.args[0].meta["val"]
     if len(node.args[1]) == 0 or len(node.args[1]) > x.dim():
         return "normalized_shape rank"
-    if not all(isinstance(d, int) for d in node.args[1]):
-        return "symbolic normalized_shape"
     return _float_check(node)
 
 
 @lower(aten.native_layer_norm.default, check=_layer_norm_check)
 def native_layer_norm(g, node, x, normalized_shape, weight, bias, eps):
     if weight is None:
-        weight = g.const(torch.ones(tuple(normalized_shape), dtype=x.dtype))
+        weight = g.op("Expand", g.const(1.0, x.dtype), g.ints(normalized_shape))
     y, mean, rstd = g.op(
         "LayerNormalization", x, weight, bias, axis=-len(normalized_shape), epsilon=float(eps), stash_type=1, outputs=3
     )

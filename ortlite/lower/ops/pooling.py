@@ -56,17 +56,33 @@ def _max_pool_check(node):
     x = arg_val(node, 0)
     if x.dim() not in (spatial + 1, spatial + 2):
         return "input rank"
-    if not is_static(x.shape[-spatial:]):
-        return "symbolic spatial sizes"  # pads and NaN positions are computed from them
+    if not is_static(x.shape[-spatial:]) and not _symbolic_max_pool(node):
+        return "symbolic spatial sizes with ceil_mode, dilation, pads or indices"  # they are computed from the sizes
     if any(may_be_zero(d) for d in x.shape):
         return "empty input"
     if not is_float(x.dtype):
         return _int_window_check(x, out_shape(node)[-spatial:], node.args[1], spatial)
     if any(user.target is not operator.getitem for user in node.users):
         return "output used whole"
-    if math.prod(x.shape[-spatial:]) > 2**24:
+    if is_static(x.shape[-spatial:]) and math.prod(x.shape[-spatial:]) > 2**24:
         return "planes too large for exact float indices"
     return None
+
+
+def _symbolic_max_pool(node) -> bool:
+    """Max pooling that symbolic spatial sizes do not change the form of: floor mode (the
+    end pads are the begin pads), no dilation, pads under the kernel, only values read."""
+    spatial = 2 if node.target in (aten.max_pool2d_with_indices.default,) else 3
+    args = dict(zip(["x", "kernel_size", "stride", "padding", "dilation", "ceil_mode"], node.args))
+    kernel = _tuple(args["kernel_size"], spatial)
+    pads = _tuple(args.get("padding", 0), spatial)
+    return (
+        not args.get("ceil_mode", False)
+        and all(d == 1 for d in _tuple(args.get("dilation", 1), spatial))
+        and all(p < k for p, k in zip(pads, kernel))
+        and not indices_used(node)
+        and is_float(arg_val(node, 0).dtype)
+    )
 
 
 def _grow(g, v, shape, lead, tail, fill, dtype):
@@ -106,6 +122,13 @@ def _int_pool_table(x_shape, spatial, out_spatial, kernel, strides, pads, dilati
 def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
     x, unbatched = _batched(g, x, spatial)
+    if not is_static(x.shape[-spatial:]):  # see _symbolic_max_pool
+        kernel, pads = _tuple(kernel_size, spatial), _tuple(padding, spatial)
+        attrs = dict(kernel_shape=kernel, strides=_tuple(stride, spatial) if stride else kernel, pads=pads + pads)
+        values = g.op("MaxPool", x, **attrs)
+        # aten's window max is NaN when any element is; ONNX Runtime's only when it comes first
+        has_nan = g.op("Greater", g.op("MaxPool", g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[x.dtype]), **attrs), g.const(0.0, x.dtype))
+        return _unbatch(g, g.op("Where", has_nan, g.const(float("nan"), x.dtype), values), unbatched), None
     kernel, strides, dilations, begins, ends = _pool_args(x.shape, spatial, out_shape(node)[-spatial:], kernel_size, stride, padding, dilation)
     if not is_float(x.dtype):
         out_spatial = out_shape(node)[-spatial:]
@@ -217,6 +240,13 @@ def _avg_pool_check(node):
         return "input rank"
     if not is_float(x.dtype):
         return _int_window_check(x, out_shape(node)[-spatial:], node.args[1], spatial)
+    if not is_static(x.shape[-spatial:]):
+        args = dict(zip(["x", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"], node.args), **node.kwargs)
+        padded = any(_tuple(args.get("padding", 0), spatial))
+        if args.get("ceil_mode") or args.get("divisor_override") or (padded and not args.get("count_include_pad", True)):
+            return "symbolic spatial sizes with ceil_mode, divisor_override or pads not counted"
+        if any(p >= k for p, k in zip(_tuple(args.get("padding", 0), spatial), _tuple(args["kernel_size"], spatial))):
+            return "pads as large as the kernel"
     return None
 
 
@@ -240,6 +270,13 @@ def avg_pool(g, node, x, kernel_size, stride=(), padding=0, ceil_mode=False, cou
         table = _int_pool_table(x.shape, spatial, out_spatial, kernel, strides, begins)
         result = windows.int_avg_pool(g, x, table, divisor, nonempty, (*x.shape[:2], *out_spatial), x.dtype)
         return _unbatch(g, result, unbatched)
+    if not is_static(x.shape[-spatial:]):
+        # floor mode: every window lies within the (padded) input, so aten's divisor is the
+        # kernel's size, as ONNX's with the pads counted
+        kernel, pads = _tuple(kernel_size, spatial), _tuple(padding, spatial)
+        strides = _tuple(stride, spatial) if stride else kernel
+        mean = g.op("AveragePool", x, kernel_shape=kernel, strides=strides, pads=pads + pads, count_include_pad=1)
+        return _unbatch(g, mean, unbatched)
     kernel, strides, begins, ends, scale = _avg_args(node, x.shape, spatial, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     if bool((scale == 1).all()) and not any(begins + ends):
         return _unbatch(g, g.op("AveragePool", x, kernel_shape=kernel, strides=strides), unbatched)

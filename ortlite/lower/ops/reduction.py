@@ -158,7 +158,9 @@ def max_all(g, node, x):
 
 def _correction(node):
     correction = node.kwargs.get("correction")
-    return 1 if correction is None else correction
+    if correction is None:
+        return 1
+    return int(correction) if float(correction).is_integer() else correction  # N - 1 stays a size
 
 
 def _var_check(node):
@@ -182,8 +184,9 @@ def var(g, node, x, dim=None, *, correction=None, keepdim=False):
         if not keepdim:
             mean = g.op("Squeeze", mean, axes) if dims or x.rank else mean
     # aten divides by max(0, N - correction): inf or NaN where that is 0
-    divisor = max(0, count - _correction(node))
-    result = g.op("Div", total, g.const(float(divisor), x.dtype))
+    divisor = torch.sym_max(0, count - _correction(node))
+    divisor = g.cast(g.sym(divisor), x.dtype) if isinstance(divisor, torch.SymInt) else g.const(float(divisor), x.dtype)
+    result = g.op("Div", total, divisor)
     if node.target is aten.var_mean.correction:
         return result, mean
     return result

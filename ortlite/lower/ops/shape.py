@@ -259,9 +259,6 @@ def _scatter_position_check(node):
     bounds = list(node.args[3:]) if node.target == aten.select_scatter.default else list(node.args[3:6])
     if not all(b is None or isinstance(b, int) for b in bounds):
         return "scatter at a symbolic position"
-    step = bounds[2] if node.target == aten.slice_scatter.default and len(bounds) > 2 else 1
-    if not isinstance(x.shape[norm_dim(dim, x.dim())], int) and step not in (None, 1):
-        return "strided scatter along a symbolic dim"
     return None
 
 
@@ -277,8 +274,16 @@ def _splice(g, x, src, dim, start, end):
 def slice_scatter(g, node, x, src, dim=0, start=None, end=None, step=1):
     dim = norm_dim(dim, x.rank)
     src = g.cast(src, x.dtype)
-    if not isinstance(x.shape[dim], int):
+    if not isinstance(x.shape[dim], int) and step in (None, 1):
         return _splice(g, x, src, dim, 0 if start is None else start, INT64_MAX if end is None else end)
+    if not isinstance(x.shape[dim], int):  # a strided slice of a symbolic dim: its indices computed
+        size = x.shape[dim]
+        first, stop = [torch.sym_max(0, torch.sym_min(size, b if b >= 0 else size + b)) for b in (start or 0, min(end or INT64_MAX, INT64_MAX))]
+        index = g.op("Range", g.sym(first), g.sym(stop), g.const(step, torch.int64))
+        shape = [1] * x.rank
+        shape[dim] = -1
+        index = g.op("Expand", g.op("Reshape", index, g.ints(shape)), g.ints(src.shape))
+        return g.op("ScatterElements", x, index, src, axis=dim)
     indices = list(_slice_bounds(x.shape[dim], start, end, step))
     return _scatter_along(g, x, src, dim, indices)
 
