@@ -362,3 +362,23 @@ def test_ops_stay_whole_while_sizes_change(case):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, equal_nan=True, msg=lambda m: f"{h}x{w}: {m}")
     left = {op for op in backend.stats.fallback_ops if "airy_ai" not in op}  # airy_ai: no lowering, on purpose
     assert not left, backend.stats.fallback_ops
+
+
+def test_pads_that_change_sign_between_calls():
+    fn = lambda x, a, b: F.pad(x, (a, b), value=2.5)  # noqa: E731
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend)
+    for a, b in ((1, 2), (3, 0), (2, 5), (-2, 3), (-1, -2), (4, -3), (0, -7)):
+        x = torch.randn(2, 7)
+        assert torch.equal(compiled(x, a, b), fn(x, a, b)), (a, b)
+    assert backend.stats.fallback_ops == {}
+
+
+def test_size_expressions_are_simplified_and_divide_by_known_positive_sizes():
+    fn = lambda x: x.view(x.shape[0] * x.shape[1] // x.shape[0], -1) * 2 + x.shape[1] // x.shape[0]  # noqa: E731
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for n, m in ((3, 4), (5, 5), (4, 9)):
+        x = torch.randn(n, m)
+        assert torch.equal(compiled(x), fn(x))
+    assert backend.stats.fallback_ops == {}

@@ -11,7 +11,7 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
-from .registry import LOWERINGS, meta, no_new_guards, unsupported_reason
+from .registry import LOWERINGS, meta, no_new_guards, shape_env_of, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
 
@@ -84,6 +84,7 @@ def lower_graph(
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
     overriding the ShapeEnv's (torch.export's range_constraints are the user's Dims)."""
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
+    g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
     env: dict[torch.fx.Node, object] = {}
     inputs: list[InputSpec] = []
     constants = constants or {}
@@ -101,6 +102,8 @@ def lower_graph(
             val = meta(node)
             _collect_symbols(val, len(inputs), symbols, ranges)
             if not node.users:
+                if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:  # an input if a size needs it
+                    g.deferred_inputs[val.node.expr] = _deferred_int_input(g, node.name, inputs, len(inputs))
                 inputs.append(InputSpec(UNUSED))
                 continue
             if isinstance(val, torch.Tensor):
@@ -144,6 +147,17 @@ def lower_graph(
     # would then differ from aten by ~1e-8 (seen in attention: scores * 1/sqrt(d)).
     disabled = ("MatMulScaleFusion",) if torch.float64 in g.dtypes else ()
     return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures)
+
+
+def _deferred_int_input(g: GraphBuilder, name: str, inputs: list, index: int):
+    """For a SymInt argument no node reads: makes it an ONNX input when a size needs it."""
+
+    def add() -> str:
+        inputs[index] = InputSpec(INT, g.fresh(name), torch.int64, ())
+        g.add_input(inputs[index].name, torch.int64, ())
+        return inputs[index].name
+
+    return add
 
 
 def finite_int(bound) -> int | None:

@@ -69,6 +69,16 @@ def sym_expr(value) -> sympy.Expr:
     raise SymbolicShapeError(f"not an integer size: {value!r}")
 
 
+def _exact_quotient(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+    """a / b where it is a polynomial (e.g. (s**2) // s is s), else None."""
+    if b.is_Integer:
+        return None
+    quotient = sympy.cancel(a / b)
+    if not quotient.is_polynomial() or not quotient.free_symbols:
+        return None
+    return quotient if all(c.is_Integer for c in sympy.Poly(quotient).coeffs()) else None
+
+
 class GraphBuilder:
     def __init__(self, name: str, opset: int):
         self.name = name
@@ -84,6 +94,8 @@ class GraphBuilder:
         self.node_origin: dict[str, str] = {}  # ONNX node name -> FX node name
         # symbol -> (graph input name, dim), dim None for an int input: where its value is
         self.symbol_sources: dict[sympy.Symbol, tuple[str, int | None]] = {}
+        self.deferred_inputs: dict[sympy.Symbol, Any] = {}  # symbol -> () -> name of an input added for it
+        self.shape_env = None  # the ShapeEnv of the graph's symbols (value ranges, simplification)
         self._sym_values: dict[sympy.Expr, Value] = {}
         self.dtypes: set[torch.dtype] = set()  # of inputs, outputs, constants and casts
         self.failures: list[tuple[str, str]] = []  # (0-d bool value, message): see fail_if
@@ -192,20 +204,41 @@ class GraphBuilder:
             result = base
             for _ in range(int(expr.exp) - 1):
                 result = self.op("Mul", result, base)
-        elif isinstance(expr, (FloorDiv, CeilDiv, PythonMod, Mod)) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
-            # constant positive divisors only: integer division by zero would crash ORT
-            a, b = self._sym(expr.args[0]), self.const(int(expr.args[1]), torch.int64)
+        elif isinstance(expr, FloorDiv) and _exact_quotient(*expr.args) is not None:
+            result = self._sym(_exact_quotient(*expr.args))
+        elif isinstance(expr, (FloorDiv, CeilDiv, PythonMod, Mod)) and self._positive(expr.args[1]):
+            # divisors known positive only: integer division by zero would crash ORT
+            a, b = self._sym(expr.args[0]), self._sym(expr.args[1])
             if isinstance(expr, CeilDiv):
-                a = self.op("Add", a, self.const(int(expr.args[1]) - 1, torch.int64))
+                a = self.op("Add", a, self.op("Sub", b, self.const(1, torch.int64)))
             mod = self.op("Mod", a, b, fmod=0)  # Python's sign convention
             result = mod if isinstance(expr, (PythonMod, Mod)) else self.op("Div", self.op("Sub", a, mod), b)
+        elif isinstance(expr, sympy.Mul) and any(a.is_Rational and not a.is_Integer for a in expr.args):
+            # c * rest with a fraction c = p/q: ShapeEnv writes this only where it knows q
+            # divides p * rest (an integer size), so (p * rest) // q is exact
+            c = next(a for a in expr.args if a.is_Rational and not a.is_Integer)
+            numerator = self._sym(sympy.Mul(c.p, *[a for a in expr.args if a is not c]))
+            result = self.op("Div", numerator, self.const(int(c.q), torch.int64))
         else:
             raise SymbolicShapeError(f"cannot compute the size {expr} in ONNX")
         value = Value(result, torch.int64, ())
         self._sym_values[expr] = value
         return value
 
+    def _positive(self, divisor: sympy.Expr) -> bool:
+        """Is a divisor at least 1 for every size the graph serves?"""
+        if divisor.is_Integer:
+            return int(divisor) > 0
+        if self.shape_env is None:
+            return False
+        try:
+            return bool(self.shape_env.bound_sympy(divisor).lower >= 1)
+        except Exception:  # noqa: BLE001 (no range known)
+            return False
+
     def _symbol(self, symbol: sympy.Symbol) -> str:
+        if symbol not in self.symbol_sources and symbol in self.deferred_inputs:
+            self.symbol_sources[symbol] = (self.deferred_inputs.pop(symbol)(), None)
         if symbol not in self.symbol_sources:
             raise SymbolicShapeError(f"size {symbol} does not come from any graph input (a data-dependent size?)")
         name, dim = self.symbol_sources[symbol]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import lower
+from ..registry import lower, meta
 from .common import aten, norm_dim, out_dtype, out_shape
 
 INT64_MAX = 2**63 - 1
@@ -164,9 +164,17 @@ def empty(g, node, *args, **kwargs):
 @lower(aten.constant_pad_nd.default)
 def constant_pad_nd(g, node, x, pad, value=0):
     rank = x.rank
+    pad = [meta(p) for p in node.args[1]]  # symbolic pads as SymInts (their signs must be known)
     begins, ends = [0] * rank, [0] * rank
     for i in range(len(pad) // 2):  # pad lists (left, right) pairs from the last dim
         begins[rank - 1 - i], ends[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    if not all(isinstance(v, int) for v in pad):  # signs unknown: pad by the positive parts, then crop
+        padded = g.op("Pad", x, g.ints([torch.sym_max(v, 0) for v in begins + ends]), g.const(value, x.dtype), mode="constant")
+        dims = [d for d in range(rank) if not (isinstance(begins[d], int) and isinstance(ends[d], int) and begins[d] >= 0 and ends[d] >= 0)]
+        sizes = [x.shape[d] + torch.sym_max(begins[d], 0) + torch.sym_max(ends[d], 0) for d in dims]
+        starts = [torch.sym_max(-begins[d], 0) for d in dims]
+        stops = [size + torch.sym_min(ends[d], 0) for d, size in zip(dims, sizes)]
+        return g.op("Slice", padded, g.ints(starts), g.ints(stops), g.ints(dims)) if dims else padded
     result = x
     positive = [max(v, 0) for v in begins + ends]
     if any(positive):
