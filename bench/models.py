@@ -1,4 +1,5 @@
-"""Model latency: eager, inductor, ortlite (torch.compile) and ortlite AOT on transformers
+"""Model latency: eager, inductor, ortlite (torch.compile), ortlite with changing shapes
+(dynamic=True: sequence length and image size symbolic) and ortlite AOT on transformers
 models built from configs (random weights, no downloads). One thread, interleaved rounds,
 medians; first-call (compile + run) times; what fell back to torch.
 
@@ -109,6 +110,15 @@ def bench_model(make, rounds, iters, with_inductor):
     candidates["ortlite"] = compiled
     notes["ortlite fallback_ops"] = backend.stats.fallback_ops
     notes["ortlite sessions"] = backend.stats.sessions
+    # changing shapes: dynamic=True makes every size but the batch of 1 symbolic (sequence
+    # length, image size), one graph serving them all; timed at the same inputs
+    dynamic_backend = ortlite.Backend()
+    dynamic = torch.compile(own_code(model), backend=dynamic_backend, dynamic=True)
+    first["ortlite dynamic"], out = timed_first_call(dynamic, args)
+    torch.testing.assert_close(first_output(out), expected, rtol=1e-3, atol=1e-3)
+    candidates["ortlite dynamic"] = dynamic
+    notes["ortlite dynamic fallback_ops"] = dynamic_backend.stats.fallback_ops
+    notes["ortlite dynamic sessions"] = dynamic_backend.stats.sessions
     # what any backend pays first: Dynamo + aot_autograd tracing (the graph then runs in torch)
     first["dynamo+aot floor"], _ = timed_first_call(torch.compile(own_code(model), backend=TRACE_ONLY), args)
 
@@ -157,11 +167,11 @@ def main(argv=None):
             results.append({"model": label, "latency_ms": medians, "first_call_s": first, "notes": notes})
             print(f"{label}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()), flush=True)
 
-    names = ["eager", "inductor", "ortlite", "ortlite AOT"]
+    names = ["eager", "inductor", "ortlite", "ortlite dynamic", "ortlite AOT"]
     print(f"\nlatency, ms (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; no_grad)")
-    print(f"{'model':<26}" + "".join(f"{n:>14}" for n in names))
+    print(f"{'model':<26}" + "".join(f"{n:>17}" for n in names))
     for r in results:
-        print(f"{r['model']:<26}" + "".join(f"{r['latency_ms'][n]:>14.2f}" if n in r["latency_ms"] else f"{'-':>14}" for n in names))
+        print(f"{r['model']:<26}" + "".join(f"{r['latency_ms'][n]:>17.2f}" if n in r["latency_ms"] else f"{'-':>17}" for n in names))
     print("\nfirst call (compile + run), s")
     for r in results:
         print(f"  {r['model']}: " + "; ".join(f"{k} {v:.2f}" for k, v in r["first_call_s"].items()))
