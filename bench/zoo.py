@@ -821,6 +821,7 @@ def main(argv=None):
                        if not (args.quick or args.models) else None)
 
     start = time.perf_counter()
+    state = _git_state()  # the code this process runs: ortlite is imported by now
     results, timings = {}, {}
     for name in names:
         t0 = time.perf_counter()
@@ -850,7 +851,7 @@ def main(argv=None):
     elapsed = time.perf_counter() - start
     header = (f"# ortlite model zoo, changing shapes\n\n`python bench/zoo.py{' ' + ' '.join(argv if argv is not None else sys.argv[1:])}` — "
               f"{len(names)} models, {elapsed / 60:.1f} min; torch {torch.__version__}, transformers {transformers.__version__}, "
-              f"ortlite at {_git_state()}; {os.cpu_count()} cores, 1 thread.")
+              f"ortlite at {state}; {os.cpu_count()} cores, 1 thread.")
     text = report(results, timings, header)
     print()
     print(text)

@@ -7,6 +7,7 @@ import dis
 import math
 import os
 
+import sympy
 import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as C
 from torch.utils._sympy.printers import PythonPrinter
@@ -225,7 +226,8 @@ def _shape_code(shape, symbols, printer) -> str:
     """Python for an output's shape, or "None" (ORT allocates it) when a size depends on a
     symbol no argument has whole, e.g. a graph whose input is (s0 - 1)//2 + 1 wide."""
     exprs = [sym_expr(d) for d in shape]
-    if any(not e.free_symbols <= set(symbols) for e in exprs):
+    # (a float in it, e.g. trunc(1.7 * s): sympy prints 15 digits, not the double the graph used)
+    if any(not e.free_symbols <= set(symbols) or e.atoms(sympy.Float) for e in exprs):
         return "None"
     return "(" + "".join(f"{printer.doprint(e)}, " for e in exprs) + ")"
 

@@ -6,6 +6,7 @@ import dataclasses
 import operator
 
 import onnx
+import sympy
 import torch
 import torch.fx
 
@@ -127,6 +128,8 @@ def lower_graph(
                     env[node] = _lower_node(g, node, env)
             except Exception as e:
                 raise NodeNotLowered(node.name, f"{type(e).__name__}: {e}") from e
+            if isinstance(meta(node), torch.SymInt):  # later sizes with this expression reuse it
+                g.remember_size(meta(node).node.expr, env[node])
         elif node.op == "get_attr":  # a tensor constant of the graph: an initializer
             value = _attr(gm, node.target)
             if not isinstance(value, torch.Tensor) or value.dtype not in TORCH_TO_ONNX or value.layout != torch.strided:
@@ -227,7 +230,8 @@ def _lower_outputs(g: GraphBuilder, node: torch.fx.Node, env: dict, inputs: list
         if result in placeholders:
             outputs.append(OutputSpec("input", index=placeholders[result]))
             continue
-        if isinstance(meta(result), torch.SymInt) and meta(result).node.expr.free_symbols <= set(symbols):
+        expr = meta(result).node.expr if isinstance(meta(result), torch.SymInt) else None
+        if expr is not None and expr.free_symbols <= set(symbols) and not expr.atoms(sympy.Float):
             outputs.append(OutputSpec("sym", value=meta(result).node.expr))  # computed from argument sizes
             continue
         value = env[result]

@@ -185,6 +185,11 @@ class GraphBuilder:
         """A 0-d int64 value equal to an int or SymInt at run time."""
         return self._sym(sym_expr(value))
 
+    def remember_size(self, expr: sympy.Expr, value: Value) -> None:
+        """A size computed by a node (e.g. trunc(1.7 * float(s)), which size arithmetic in
+        sympy cannot spell in ONNX): sizes with the same expression use it."""
+        self._sym_values.setdefault(expr, value)
+
     def _sym(self, expr: sympy.Expr) -> Value:
         cached = self._sym_values.get(expr)
         if cached is not None:

@@ -59,8 +59,9 @@ def _arange_check(node):
 @lower(aten.arange.start_step, aten.arange.default, aten.arange.start, check=_arange_check)
 def arange(g, node, *args, **kwargs):
     dtype = out_dtype(node)
-    if not is_static(out_shape(node)):
-        start, end, step = (as_value(g, b, torch.int64) for b in _arange_bounds(node.target, args, kwargs))
+    bounds = _arange_bounds(node.target, args, kwargs)
+    if not is_static(out_shape(node)) or any(isinstance(b, Value) for b in bounds):  # (a size node's value)
+        start, end, step = (as_value(g, b, torch.int64) for b in bounds)
         return g.op("Identity", g.cast(Value(g.op("Range", start, end, step), torch.int64, out_shape(node)), dtype))
     kwargs = {**kwargs, "device": "cpu", "pin_memory": False}
     return g.op("Identity", g.const(node.target(*args, **kwargs), dtype))
