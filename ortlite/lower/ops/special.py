@@ -237,7 +237,9 @@ def digamma(g, node, x):
 def _trigamma(g, x, dtype):
     m = Math(g)
     reflect = m.op("Less", x, m.c(0.5))
-    # aten takes sin(pi * x) in the input's precision: its value near the poles
+    # aten takes sin(pi * x) in the input's precision (float32 for half ones, its opmath
+    # type): its value near the poles
+    dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     narrow = g.cast(Value(x, F64, ()), dtype)
     sin = g.cast(Value(g.op("Sin", g.op("Mul", narrow, g.const(math.pi, dtype))), dtype, ()), F64)
     result = m.where(reflect, m.op("Neg", m.div(m.c(math.pi * math.pi), m.mul(sin, sin))), m.c(0))
