@@ -7,6 +7,7 @@ import operator
 
 import torch
 
+from ..builder import Value
 from ..registry import lower
 from .common import any_true, aten, arg_val, is_float, may_be_zero, out_dtype, out_shape
 
