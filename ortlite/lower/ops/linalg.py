@@ -74,9 +74,13 @@ def addmv(g, node, bias, mat, vec, *, beta=1, alpha=1):
 def addbmm(g, node, bias, a, b, *, beta=1, alpha=1):
     if a.shape[0] == 0 or a.shape[-1] == 0:
         product = _zeros(g, node)
-    elif a.dtype in (torch.float16, torch.bfloat16):  # summed over the batch in float32, rounded once
-        wide = g.op("MatMul", g.cast(a, torch.float32), g.cast(b, torch.float32))
-        product = g.cast(Value(g.op("ReduceSum", wide, g.ints([0]), keepdims=0), torch.float32, ()), a.dtype)
+    elif a.dtype in (torch.float16, torch.bfloat16):  # all in float32, rounded once
+        f32 = torch.float32
+        product = g.op("ReduceSum", g.op("MatMul", g.cast(a, f32), g.cast(b, f32)), g.ints([0]), keepdims=0)
+        product = g.op("Mul", product, g.const(alpha, f32))
+        if beta != 0:
+            product = g.op("Add", g.op("Mul", g.cast(bias, f32), g.const(beta, f32)), product)
+        return g.cast(Value(product, f32, ()), out_dtype(node))
     else:
         product = g.op("ReduceSum", g.op("MatMul", a, b), g.ints([0]), keepdims=0)
     return _scaled_sum(g, node, product, bias, beta, alpha)
