@@ -388,3 +388,27 @@ def test_size_expressions_are_simplified_and_divide_by_known_positive_sizes():
         x = torch.randn(n, m)
         assert torch.equal(compiled(x), fn(x))
     assert backend.stats.fallback_ops == {}
+
+
+def test_in_place_writes_through_views_with_changing_bounds():
+    """t[:, i:j] *= 2 and t.select(1, i) += 5: a slice or select scatter at a symbolic
+    position (spliced: an empty or negative slice replaces what Python's would), whole."""
+
+    def scale_slice(t, i, j):
+        t[:, i:j].mul_(2)
+        return t * 1
+
+    def add_to_column(t, i):
+        t.select(1, i).add_(5)
+        return t * 1
+
+    backend = ortlite.Backend()
+    compiled = torch.compile(scale_slice, backend=backend)
+    for i, j in ((0, 3), (2, 7), (-5, -1), (3, 100), (-100, 4), (6, 2), (-3, 19), (5, 5)):
+        a, b = torch.arange(60.0).reshape(3, 20), torch.arange(60.0).reshape(3, 20)
+        assert torch.equal(compiled(a, i, j), scale_slice(b, i, j)) and torch.equal(a, b), (i, j)
+    assert backend.stats.fallback_ops == {}
+    compiled = torch.compile(add_to_column, backend=ortlite.Backend())
+    for i in (0, 3, 7, 19):
+        a, b = torch.arange(60.0).reshape(3, 20), torch.arange(60.0).reshape(3, 20)
+        assert torch.equal(compiled(a, i), add_to_column(b, i)) and torch.equal(a, b), i

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..builder import Value
 from ..registry import lower, meta
 from .common import aten, norm_dim, out_dtype, out_shape
 
@@ -265,16 +266,21 @@ def _scatter_position_check(node):
     x = node.args[0].meta["val"]
     dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
     bounds = list(node.args[3:]) if node.target == aten.select_scatter.default else list(node.args[3:6])
-    if not all(b is None or isinstance(b, int) for b in bounds):
-        return "scatter at a symbolic position"
+    unit_slice = node.target == aten.slice_scatter.default and (len(bounds) < 3 or bounds[2] in (None, 1))
+    if not all(b is None or isinstance(b, int) for b in bounds) and not unit_slice:
+        return "scatter at a symbolic position"  # (a unit-step slice is spliced in at any position)
     return None
 
 
-def _splice(g, x, src, dim, start, end):
-    """x with x[start:end] along dim replaced by src (unit step; Python's negative and
-    out-of-range bounds, as ONNX Slice reads them): three slices concatenated."""
+def _splice(g, x, src, dim, start):
+    """x with the unit-step slice starting at `start` along dim replaced by src: x[:start]
+    (Python's negative and out-of-range start, as ONNX Slice reads it), src, and what
+    follows the replaced elements, found from the lengths at run time (so that an empty
+    slice, say [6:2], replaces nothing)."""
     head = g.op("Slice", x, g.ints([0]), g.ints([start]), g.ints([dim]))
-    tail = g.op("Slice", x, g.ints([end]), g.ints([INT64_MAX]), g.ints([dim]))
+    length = lambda v: Value(g.op("Gather", g.op("Shape", v), g.const(dim, torch.int64), axis=0), torch.int64, ())  # noqa: E731
+    after = Value(g.op("Add", length(head), length(src)), torch.int64, ())
+    tail = g.op("Slice", x, g.ints([after]), g.ints([INT64_MAX]), g.ints([dim]))
     return g.op("Concat", head, src, tail, axis=dim)
 
 
@@ -282,8 +288,10 @@ def _splice(g, x, src, dim, start, end):
 def slice_scatter(g, node, x, src, dim=0, start=None, end=None, step=1):
     dim = norm_dim(dim, x.rank)
     src = g.cast(src, x.dtype)
-    if not isinstance(x.shape[dim], int) and step in (None, 1):
-        return _splice(g, x, src, dim, 0 if start is None else start, INT64_MAX if end is None else end)
+    symbolic_bound = any(isinstance(b, str) for b in (start, end))
+    if (symbolic_bound or not isinstance(x.shape[dim], int)) and step in (None, 1):
+        # ONNX Slice reads negative and out-of-range bounds as Python does, at run time
+        return _splice(g, x, src, dim, 0 if start is None else start)
     if not isinstance(x.shape[dim], int):  # a strided slice of a symbolic dim: its indices computed
         size = x.shape[dim]
         first, stop = [torch.sym_max(0, torch.sym_min(size, b if b >= 0 else size + b)) for b in (start or 0, min(end or INT64_MAX, INT64_MAX))]
@@ -301,7 +309,7 @@ def select_scatter(g, node, x, src, dim, index):
     dim = norm_dim(dim, x.rank)
     src = g.op("Unsqueeze", g.cast(src, x.dtype), g.ints([dim]))
     if not isinstance(x.shape[dim], int):
-        return _splice(g, x, src, dim, index, INT64_MAX if index == -1 else index + 1)
+        return _splice(g, x, src, dim, index)
     index = index + x.shape[dim] if index < 0 else index
     return _scatter_along(g, x, src, dim, [index])
 
