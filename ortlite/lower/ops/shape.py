@@ -262,13 +262,11 @@ def _scatter_along(g, x, src, dim, indices):
 
 
 def _scatter_position_check(node):
-    """Positions must be ints; along a symbolic dim only unit steps (written as slices)."""
-    x = node.args[0].meta["val"]
-    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    """Positions must be ints, except for a unit-step slice (spliced in at any position)."""
     bounds = list(node.args[3:]) if node.target == aten.select_scatter.default else list(node.args[3:6])
     unit_slice = node.target == aten.slice_scatter.default and (len(bounds) < 3 or bounds[2] in (None, 1))
     if not all(b is None or isinstance(b, int) for b in bounds) and not unit_slice:
-        return "scatter at a symbolic position"  # (a unit-step slice is spliced in at any position)
+        return "scatter at a symbolic position"
     return None
 
 
