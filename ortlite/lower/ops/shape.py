@@ -5,16 +5,37 @@ from __future__ import annotations
 
 import torch
 
-from ..builder import Value
+from ..builder import Value, sym_expr
 from ..registry import lower, meta
-from .common import aten, norm_dim, out_dtype, out_shape
+from .common import aten, is_static, may_be_zero, norm_dim, out_dtype, out_shape
 
 INT64_MAX = 2**63 - 1
 
 
 def reshape_to(g, x, shape):
+    constant = _constant_reshape(x.shape, shape)
+    if constant is not None:  # no shape arithmetic in the graph for ONNX Runtime to run per call
+        return g.op("Reshape", x, g.ints(constant))
     # allowzero: a 0 in the target shape means an empty dim, not "copy the input's dim"
     return g.op("Reshape", x, g.shape(shape), allowzero=1)
+
+
+def _constant_reshape(source, target) -> list[int] | None:
+    """A constant ONNX Reshape target for symbolic sizes: 0 (copy the input's dim) where a
+    target dim is the input's dim at that position, -1 for at most one other symbolic dim.
+    None where that cannot express it, or where a size may be 0 (then 0 and -1 mislead)."""
+    if is_static(target) or any(may_be_zero(d) for d in (*source, *target)):
+        return None
+    constant, inferred = [], 0
+    for i, d in enumerate(target):
+        if isinstance(d, int):
+            constant.append(d)
+        elif i < len(source) and sym_expr(source[i]) == sym_expr(d):
+            constant.append(0)
+        else:
+            constant.append(-1)
+            inferred += 1
+    return constant if inferred <= 1 else None
 
 
 @lower(
