@@ -13,7 +13,7 @@ INT64_MAX = 2**63 - 1
 
 
 def reshape_to(g, x, shape):
-    constant = _constant_reshape(x.shape, shape)
+    constant = _constant_reshape(x.shape, shape) if isinstance(x, Value) else None  # (a bare name: shape unknown)
     if constant is not None:  # no shape arithmetic in the graph for ONNX Runtime to run per call
         return g.op("Reshape", x, g.ints(constant))
     # allowzero: a 0 in the target shape means an empty dim, not "copy the input's dim"
