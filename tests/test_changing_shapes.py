@@ -326,6 +326,8 @@ WHOLE_WITH_CHANGING_SIZES = {
     "max_pool_nan": lambda x: F.max_pool2d(_with_nans(x), 2),
     "avg_pool": lambda x: F.avg_pool2d(x, 2),
     "avg_pool_padded": lambda x: F.avg_pool2d(x, 3, 2, 1),
+    "avg_pool_ceil": lambda x: F.avg_pool2d(x, 3, 2, ceil_mode=True),
+    "avg_pool_ceil_kernel_over_input": lambda x: F.avg_pool2d(x, 16, ceil_mode=True),  # EfficientNet's head
     "adaptive_avg_pool_1": lambda x: F.adaptive_avg_pool2d(x, 1),
     "pad": lambda x: F.pad(x, (1, 2, 0, 1)),
     "pad_reflect": lambda x: F.pad(x, (1, 2, 1, 1), mode="reflect"),
@@ -368,6 +370,21 @@ def test_ops_stay_whole_while_sizes_change(case):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, equal_nan=True, msg=lambda m: f"{h}x{w}: {m}")
     left = {op for op in backend.stats.fallback_ops if "airy_ai" not in op}  # airy_ai: no lowering, on purpose
     assert not left, backend.stats.fallback_ops
+
+
+@pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
+def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
+    """The last window may overhang the input (or start in it only just): aten and ONNX
+    must agree on the output size and on each overhanging window's divisor."""
+    fn = lambda x: F.avg_pool2d(x, kernel, stride, 0, ceil_mode=True)  # noqa: E731
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for h in range(kernel, kernel + 9):
+        x = torch.randn(2, 3, h, 2 * h + 1)
+        got, expected = compiled(x), fn(x)
+        assert got.shape == expected.shape, h
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=lambda m: f"{h}: {m}")
+    assert backend.stats.fallback_ops == {}
 
 
 def test_pads_that_change_sign_between_calls():

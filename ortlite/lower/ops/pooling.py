@@ -243,8 +243,8 @@ def _avg_pool_check(node):
     if not is_static(x.shape[-spatial:]):
         args = dict(zip(["x", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"], node.args), **node.kwargs)
         padded = any(_tuple(args.get("padding", 0), spatial))
-        if args.get("ceil_mode") or args.get("divisor_override") or (padded and not args.get("count_include_pad", True)):
-            return "symbolic spatial sizes with ceil_mode, divisor_override or pads not counted"
+        if (args.get("ceil_mode") and padded) or args.get("divisor_override") or (padded and not args.get("count_include_pad", True)):
+            return "symbolic spatial sizes with ceil_mode and pads, divisor_override or pads not counted"
         if any(p >= k for p, k in zip(_tuple(args.get("padding", 0), spatial), _tuple(args["kernel_size"], spatial))):
             return "pads as large as the kernel"
     return None
@@ -272,10 +272,14 @@ def avg_pool(g, node, x, kernel_size, stride=(), padding=0, ceil_mode=False, cou
         return _unbatch(g, result, unbatched)
     if not is_static(x.shape[-spatial:]):
         # floor mode: every window lies within the (padded) input, so aten's divisor is the
-        # kernel's size, as ONNX's with the pads counted
+        # kernel's size, as ONNX's with the pads counted. ceil mode (no pads): the last
+        # window may overhang the input, and both divide by the elements it covers.
         kernel, pads = _tuple(kernel_size, spatial), _tuple(padding, spatial)
         strides = _tuple(stride, spatial) if stride else kernel
-        mean = g.op("AveragePool", x, kernel_shape=kernel, strides=strides, pads=pads + pads, count_include_pad=1)
+        if ceil_mode:
+            mean = g.op("AveragePool", x, kernel_shape=kernel, strides=strides, ceil_mode=1, count_include_pad=0)
+        else:
+            mean = g.op("AveragePool", x, kernel_shape=kernel, strides=strides, pads=pads + pads, count_include_pad=1)
         return _unbatch(g, mean, unbatched)
     kernel, strides, begins, ends, scale = _avg_args(node, x.shape, spatial, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     if bool((scale == 1).all()) and not any(begins + ends):
