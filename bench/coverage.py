@@ -10,6 +10,8 @@ why; writes coverage.json and coverage.md.
     python bench/coverage.py --mode dynamic       # dynamic=True: every size and int symbolic
     python bench/coverage.py --mode automatic     # each sample then another of other sizes or
                                                   # ints through the same compiled function
+    python bench/coverage.py --mode grad --dtypes float32   # static, and the gradients of every
+                                                  # input that requires grad (backward graphs)
 
 The sweep runs in worker subprocesses, so an op that kills the process (a segfault in ONNX
 Runtime) is recorded as a crash and the sweep goes on.
@@ -164,7 +166,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
     parser.add_argument("--backend", default="ortlite", choices=["ortlite", "onnxrt"], help="onnxrt: torch <= 2.8's DORT")
-    parser.add_argument("--mode", default="static", choices=["static", "dynamic", "automatic"], help="shapes: see the docstring")
+    parser.add_argument("--mode", default="static", choices=["static", "dynamic", "automatic", "grad"], help="shapes (or gradients): see the docstring")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for coverage.json and coverage.md")
     args = parser.parse_args()
     if args.worker:

@@ -138,7 +138,22 @@ def _pick(samples: list, limit: int | None) -> list:
 
 
 def _clone(tree):
-    return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+    """Fresh copies of the tensors; one that requires grad becomes a fresh leaf that does."""
+    return pytree.tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _with_grads(fn, arguments):
+    """fn(*arguments), and in grad mode the gradients of its float outputs (each against a
+    fixed random cotangent) for every argument that requires grad: (outputs, grads)."""
+    result = fn(*arguments)
+    outputs = [o for o in pytree.tree_leaves(result) if isinstance(o, torch.Tensor) and o.requires_grad]
+    inputs = [a for a in arguments if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not outputs or not inputs:
+        return result
+    generator = torch.Generator().manual_seed(0)
+    cotangents = [torch.randn(o.shape, generator=generator, dtype=o.dtype) for o in outputs]
+    grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
+    return result, list(grads)
 
 
 def _compare(got, expected, rtol, atol) -> str | None:
@@ -176,7 +191,7 @@ def _describe(sample) -> str:
     return f"({', '.join(args)}{', ' if kwargs else ''}{', '.join(f'{k}={v}' for k, v in kwargs.items())})"
 
 
-MODES = ("static", "dynamic", "automatic")
+MODES = ("static", "dynamic", "automatic", "grad")
 
 
 def _is_argument(leaf) -> bool:
@@ -226,25 +241,26 @@ def run_sample(op, sample, rtol=RTOL, atol=ATOL, backend_name="ortlite", mode="s
 
     mode "static": dynamic=False; "dynamic": dynamic=True; "automatic": Dynamo's default,
     called with `sample` and then `second` (other sizes or ints, same structure): the
-    second call recompiles with what changed symbolic, as in a user's loop."""
+    second call recompiles with what changed symbolic, as in a user's loop; "grad": static,
+    and the gradients (the backward graph in ONNX Runtime) are compared too."""
     calls = [_sample_function(op, sample)] + ([_sample_function(op, second)] if second is not None else [])
     expected = []
     for fn, arguments in calls:
         try:
-            expected.append(fn(*_clone(arguments)))
+            expected.append(_with_grads(fn, _clone(arguments)))
         except Exception as e:
             return "eager-error", None, f"{type(e).__name__}: {e}"
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     backend = recording_backend(backend_name)
-    dynamic = {"static": False, "dynamic": True, "automatic": None}[mode]
+    dynamic = {"static": False, "grad": False, "dynamic": True, "automatic": None}[mode]
     compiled = torch.compile(calls[0][0], backend=backend, dynamic=dynamic, fullgraph=False)
     try:
         got = []
         for _, arguments in calls:  # the same compiled function: calls[0][0] reads its arguments only
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                got.append(compiled(*_clone(arguments)))
+                got.append(_with_grads(compiled, _clone(arguments)))
     except Exception as e:
         if _fails_with_aot_eager(calls, dynamic):
             return "eager-error", None, f"Dynamo fails on it with aot_eager too: {type(e).__name__}"
@@ -258,7 +274,7 @@ def run_sample(op, sample, rtol=RTOL, atol=ATOL, backend_name="ortlite", mode="s
     for k, (g, e) in enumerate(zip(got, expected)):
         half = _half_dtype(calls[k][1])
         problem = _compare(g, e, *HALF_TOLERANCE.get(half, (rtol, atol)))
-        if problem and half is not None:
+        if problem and (half is not None or mode == "grad"):
             problem = _as_accurate(g, e, calls[k], problem)
         if problem:
             return "wrong", backend, f"call {k}: {problem}" if len(calls) > 1 else problem
@@ -272,7 +288,7 @@ def _fails_with_aot_eager(calls, dynamic) -> bool:
     try:
         compiled = torch.compile(calls[0][0], backend="aot_eager", dynamic=dynamic)
         for _, arguments in calls:
-            compiled(*_clone(arguments))
+            _with_grads(compiled, _clone(arguments))
     except Exception:
         return True
     finally:
@@ -285,12 +301,14 @@ def _half_dtype(arguments):
 
 
 def _as_accurate(got, expected, call, problem: str) -> str | None:
-    """None when ortlite's half-precision result is as accurate as eager's against the op
-    computed in float64 on the same (exactly widened) inputs; else what differs."""
+    """None when ortlite's result is as accurate as eager's against the op computed in
+    float64 on the same (exactly widened) inputs; else what differs. For half precision,
+    and for gradients (where eager's float32 rounding noise can be all a value is: the
+    gradient of a layer norm over one element is 0 exactly, eager's 1e-4)."""
     fn, arguments = call
-    wide = [a.double() if isinstance(a, torch.Tensor) and a.dtype in HALF_TOLERANCE else a for a in arguments]
+    wide = [a.detach().double().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in arguments]
     try:
-        reference = fn(*wide)
+        reference = _with_grads(fn, wide)
     except Exception:
         return problem
     for g, e, r in zip(*(pytree.tree_leaves(x) for x in (got, expected, reference))):
@@ -315,6 +333,10 @@ def sweep_op(
     structure with other sizes or ints) is not swept."""
     name = op_id(op)
     reason = excluded_reason(op, dtypes)
+    if mode == "grad":
+        dtypes = [d for d in dtypes if d.is_floating_point]
+        if not op.supports_autograd or not dtypes:
+            reason = reason or "no gradient: not differentiable, or no float dtype swept"
     if reason:
         return OpResult(name, "skipped", detail=reason)
     result = OpResult(name, "ort")
@@ -325,7 +347,7 @@ def sweep_op(
             continue
         torch.manual_seed(seed)
         try:
-            samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
+            samples = list(op.sample_inputs("cpu", dtype, requires_grad=mode == "grad"))
         except Exception as e:  # some OpInfos cannot make samples for some dtypes
             result.detail = result.detail or f"{dtype}: sample_inputs raised {type(e).__name__}"
             continue

@@ -2,13 +2,15 @@
 through torch.compile(backend=ortlite.Backend()). An op may fall back to torch; it must never
 give a result that differs from eager (wrong) or raise where eager does not (crash).
 
-Swept four ways: static shapes in float32, int64 and bool; float16 (a result that differs
+Swept five ways: static shapes in float32, int64 and bool; float16 (a result that differs
 from eager must be as accurate as eager's against float64); dynamic=True, where every size
-and int argument is symbolic; and Dynamo's automatic dynamic, where the same compiled
-function is called with a sample and then one with other sizes or ints, as in a user's
-loop (the second call recompiles with what changed symbolic).
+and int argument is symbolic; Dynamo's automatic dynamic, where the same compiled function
+is called with a sample and then one with other sizes or ints, as in a user's loop (the
+second call recompiles with what changed symbolic); and gradients (float32, static: the
+backward graph runs in ONNX Runtime; a gradient that differs from eager's must be as
+accurate as eager's against float64).
 
-The full sweeps, with every bucket counted: python bench/coverage.py [--mode dynamic|automatic]
+The full sweeps, with every bucket counted: python bench/coverage.py [--mode dynamic|automatic|grad]
 """
 
 import logging
@@ -26,6 +28,7 @@ SWEEPS = {
     "float16": [(torch.float16, 1)],
     "dynamic": [(torch.float32, 1)],
     "automatic": [(torch.float32, 1)],
+    "grad": [(torch.float32, 1)],
 }
 
 OPS = h.all_ops()
@@ -38,10 +41,10 @@ def quiet():
     logging.getLogger("ortlite").setLevel(logging.NOTSET)
 
 
-# CI time: each op is swept in one of the two symbolic modes, alternating down the list
-# (bench/coverage.py --mode dynamic|automatic sweeps every op in each).
-SYMBOLIC = {h.op_id(op): ("dynamic", "automatic")[k % 2] for k, op in enumerate(OPS)}
-CASES = [(op, sweep) for op in OPS for sweep in ("static", "float16", SYMBOLIC[h.op_id(op)])]
+# CI time: each op is swept in one of the two symbolic modes or for gradients, in turn down
+# the list (bench/coverage.py --mode dynamic|automatic|grad sweeps every op in each).
+ROTATING = {h.op_id(op): ("dynamic", "automatic", "grad")[k % 3] for k, op in enumerate(OPS)}
+CASES = [(op, sweep) for op in OPS for sweep in ("static", "float16", ROTATING[h.op_id(op)])]
 
 
 @pytest.mark.parametrize("op, sweep", CASES, ids=[f"{h.op_id(op)}-{sweep}" for op, sweep in CASES])
