@@ -429,3 +429,23 @@ def test_in_place_writes_through_views_with_changing_bounds():
     for i in (0, 3, 7, 19):
         a, b = torch.arange(60.0).reshape(3, 20), torch.arange(60.0).reshape(3, 20)
         assert torch.equal(compiled(a, i), add_to_column(b, i)) and torch.equal(a, b), i
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda b, x, y, alpha, beta: torch.addmm(b, x, y, alpha=alpha, beta=beta),
+        lambda b, x, y, alpha, beta: torch.addmv(b[:, 0], x, y[:, 0], alpha=alpha, beta=beta),
+        lambda b, x, y, alpha, beta: torch.addbmm(b, x.expand(2, -1, -1), y.expand(2, -1, -1), alpha=alpha, beta=beta),
+    ],
+    ids=["addmm", "addmv", "addbmm"],
+)
+def test_symbolic_alpha_and_beta(fn):
+    """alpha and beta as changing ints: beta == 0 ignores the bias (NaN in it too) per call."""
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for alpha, beta in ((2, 3), (3, 0), (1, 1), (0, 2), (5, 0)):
+        b, x, y = torch.randn(3, 4), torch.randn(3, 5), torch.randn(5, 4)
+        b[0, 0] = float("nan")
+        torch.testing.assert_close(compiled(b, x, y, alpha, beta), fn(b, x, y, alpha, beta), equal_nan=True, msg=lambda m: f"{alpha}, {beta}: {m}")
+    assert backend.stats.fallback_ops == {}

@@ -9,7 +9,7 @@ import torch
 
 from ..builder import Value
 from ..registry import lower
-from .common import any_true, aten, arg_val, is_float, may_be_zero, out_dtype, out_shape
+from .common import any_true, aten, arg_val, as_value, is_float, may_be_zero, out_dtype, out_shape
 
 
 def _empty_inner(a) -> bool:
@@ -35,16 +35,20 @@ def mm(g, node, a, b):
 
 
 def _scaled_sum(g, node, product, bias, beta, alpha):
-    """beta * bias + alpha * product, where beta == 0 ignores bias (NaN included)."""
+    """beta * bias + alpha * product, where beta == 0 ignores bias (NaN included). alpha and
+    beta may be symbolic (a Value): then beta == 0 is decided per call."""
     dtype = out_dtype(node)
-    if alpha != 1:
-        product = g.op("Mul", product, g.const(alpha, dtype))
-    if beta == 0:
+    if isinstance(alpha, Value) or alpha != 1:
+        product = g.op("Mul", product, as_value(g, alpha, dtype))
+    if not isinstance(beta, Value) and beta == 0:
         return product
     bias = g.cast(bias, dtype)
-    if beta != 1:
-        bias = g.op("Mul", bias, g.const(beta, dtype))
-    return g.op("Add", bias, product)
+    if isinstance(beta, Value) or beta != 1:
+        bias = g.op("Mul", bias, as_value(g, beta, dtype))
+    total = g.op("Add", bias, product)
+    if isinstance(beta, Value):
+        total = g.op("Where", g.op("Equal", beta, g.const(0, beta.dtype)), product, total)
+    return total
 
 
 def _matmul(g, node, a, b):
@@ -53,7 +57,7 @@ def _matmul(g, node, a, b):
 
 @lower(aten.addmm.default, check=_inner_check)
 def addmm(g, node, bias, a, b, *, beta=1, alpha=1):
-    if not is_float(out_dtype(node)):  # Gemm is float-only
+    if not is_float(out_dtype(node)) or isinstance(alpha, Value) or isinstance(beta, Value):  # Gemm: float, attributes
         return _scaled_sum(g, node, _matmul(g, node, a, b), bias, beta, alpha)
     if _empty_inner(a):  # a @ b is zeros (and ONNX Runtime's Gemm would leave it unwritten)
         if beta == 0:
@@ -74,7 +78,7 @@ def addmv(g, node, bias, mat, vec, *, beta=1, alpha=1):
 def addbmm(g, node, bias, a, b, *, beta=1, alpha=1):
     if a.shape[0] == 0 or a.shape[-1] == 0:
         product = _zeros(g, node)
-    elif a.dtype in (torch.float16, torch.bfloat16):  # all in float32, rounded once
+    elif a.dtype in (torch.float16, torch.bfloat16) and not isinstance(alpha, Value) and not isinstance(beta, Value):  # all in float32, rounded once
         f32 = torch.float32
         product = g.op("ReduceSum", g.op("MatMul", g.cast(a, f32), g.cast(b, f32)), g.ints([0]), keepdims=0)
         product = g.op("Mul", product, g.const(alpha, f32))
