@@ -55,19 +55,18 @@ def native_layer_norm(g, node, x, normalized_shape, weight, bias, eps):
 
 def _batch_norm_check(node):
     x = node.args[0].meta["val"]
-    if x.dim() < 2 or not isinstance(x.shape[1], int):
-        return "batch norm needs a static channel dim"
+    if x.dim() < 2:
+        return "batch norm of a rank under 2"
     return _float_check(node)
 
 
 @lower(aten._native_batch_norm_legit_no_training.default, check=_batch_norm_check)
 def batch_norm_inference(g, node, x, weight, bias, running_mean, running_var, momentum, eps):
-    channels = x.shape[1]
-    dtype = x.dtype
+    per_channel = g.shape([x.shape[1]])
     if weight is None:
-        weight = g.const(torch.ones(channels, dtype=dtype))
+        weight = g.op("Expand", g.const(1, x.dtype), per_channel)
     if bias is None:
-        bias = g.const(torch.zeros(channels, dtype=dtype))
+        bias = g.op("Expand", g.const(0, x.dtype), per_channel)
     y = g.op("BatchNormalization", x, weight, bias, running_mean, running_var, epsilon=float(eps))
     _, save_mean, save_rstd = node.meta["val"]
     return y, g.const(torch.empty(tuple(save_mean.shape), dtype=save_mean.dtype)), g.const(
@@ -187,8 +186,6 @@ def _bn_training_check(node):
     x = arg_val(node, 0)
     if x.dim() < 2 or may_be_empty(x):
         return "input rank or empty input"
-    if not isinstance(x.shape[1], int):
-        return "symbolic channel count"
     return _float_check(node)
 
 
@@ -201,12 +198,16 @@ def _batch_stats(g, x, eps):
     return mean, var, centered, rstd
 
 
+def _per_channel(g, x) -> Value:
+    """The Reshape target that lines a (C,) vector up with x's channel dim."""
+    return g.ints([-1] + [1] * (x.rank - 2))
+
+
 def _affine(g, x, y, weight, bias):
-    shape = [x.shape[1]] + [1] * (x.rank - 2)
     if weight is not None:
-        y = g.op("Mul", y, g.op("Reshape", weight, g.ints(shape)))
+        y = g.op("Mul", y, g.op("Reshape", weight, _per_channel(g, x)))
     if bias is not None:
-        y = g.op("Add", y, g.op("Reshape", bias, g.ints(shape)))
+        y = g.op("Add", y, g.op("Reshape", bias, _per_channel(g, x)))
     return y
 
 
@@ -214,7 +215,7 @@ def _batch_norm_functional(g, node, x, weight, bias, running_mean, running_var, 
     """aten's batch norm, training or not, with the updated running statistics."""
     flat = g.ints([-1])
     if not training:  # normalize with the running statistics, which stay as they are
-        shape = g.ints([x.shape[1]] + [1] * (x.rank - 2))
+        shape = _per_channel(g, x)
         rstd = g.op("Reciprocal", g.op("Sqrt", g.op("Add", g.op("Reshape", g.cast(running_var, x.dtype), shape), g.const(float(eps), x.dtype))))
         y = _affine(g, x, g.op("Mul", g.op("Sub", x, g.op("Reshape", g.cast(running_mean, x.dtype), shape)), rstd), weight, bias)
         empty = [g.op("Expand", g.const(0, v.dtype), g.ints(tuple(v.shape))) for v in node.meta["val"][1:3]]
