@@ -387,6 +387,21 @@ def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     assert backend.stats.fallback_ops == {}
 
 
+@pytest.mark.parametrize("kernel, stride, pad", [(1, 2, 0), (2, 3, 1), (3, 2, 1), (4, 3, 2), (5, 2, 2), (3, 1, 0)])
+def test_ceil_mode_max_pooling_matches_eager_at_every_size(kernel, stride, pad):
+    """A last window that would start in the end padding is dropped by aten: ONNX Runtime's
+    ceil_mode must agree at every size (NaN windows included)."""
+    fn = lambda x: F.max_pool2d(x, kernel, stride, pad, ceil_mode=True)  # noqa: E731
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for h in range(max(1, kernel - 2 * pad), kernel + 8):
+        x = _with_nans(torch.randn(2, 3, h, h + 3))
+        got, expected = compiled(x), fn(x)
+        assert got.shape == expected.shape, h
+        assert torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0)), h
+    assert backend.stats.fallback_ops == {}
+
+
 def test_pads_that_change_sign_between_calls():
     fn = lambda x, a, b: F.pad(x, (a, b), value=2.5)  # noqa: E731
     backend = ortlite.Backend()

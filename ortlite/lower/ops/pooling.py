@@ -57,7 +57,7 @@ def _max_pool_check(node):
     if x.dim() not in (spatial + 1, spatial + 2):
         return "input rank"
     if not is_static(x.shape[-spatial:]) and not _symbolic_max_pool(node):
-        return "symbolic spatial sizes with ceil_mode, dilation, pads or indices"  # they are computed from the sizes
+        return "symbolic spatial sizes with dilation, pads as large as the kernel, or indices"  # they are computed from the sizes
     if any(may_be_zero(d) for d in x.shape):
         return "empty input"
     if not is_float(x.dtype):
@@ -70,15 +70,15 @@ def _max_pool_check(node):
 
 
 def _symbolic_max_pool(node) -> bool:
-    """Max pooling that symbolic spatial sizes do not change the form of: floor mode (the
-    end pads are the begin pads), no dilation, pads under the kernel, only values read."""
+    """Max pooling that symbolic spatial sizes do not change the form of: ONNX's MaxPool with
+    aten's pads (and its ceil_mode, which drops a last window that would start in the end
+    padding as aten does), no dilation, pads under the kernel, only values read."""
     spatial = 2 if node.target in (aten.max_pool2d_with_indices.default,) else 3
     args = dict(zip(["x", "kernel_size", "stride", "padding", "dilation", "ceil_mode"], node.args))
     kernel = _tuple(args["kernel_size"], spatial)
     pads = _tuple(args.get("padding", 0), spatial)
     return (
-        not args.get("ceil_mode", False)
-        and all(d == 1 for d in _tuple(args.get("dilation", 1), spatial))
+        all(d == 1 for d in _tuple(args.get("dilation", 1), spatial))
         and all(p < k for p, k in zip(pads, kernel))
         and not indices_used(node)
         and is_float(arg_val(node, 0).dtype)
@@ -124,7 +124,7 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
     x, unbatched = _batched(g, x, spatial)
     if not is_static(x.shape[-spatial:]):  # see _symbolic_max_pool
         kernel, pads = _tuple(kernel_size, spatial), _tuple(padding, spatial)
-        attrs = dict(kernel_shape=kernel, strides=_tuple(stride, spatial) if stride else kernel, pads=pads + pads)
+        attrs = dict(kernel_shape=kernel, strides=_tuple(stride, spatial) if stride else kernel, pads=pads + pads, ceil_mode=int(bool(ceil_mode)))
         values = g.op("MaxPool", x, **attrs)
         # aten's window max is NaN when any element is; ONNX Runtime's only when it comes first
         has_nan = g.op("Greater", g.op("MaxPool", g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[x.dtype]), **attrs), g.const(0.0, x.dtype))
