@@ -464,3 +464,27 @@ def test_symbolic_alpha_and_beta(fn):
         b[0, 0] = float("nan")
         torch.testing.assert_close(compiled(b, x, y, alpha, beta), fn(b, x, y, alpha, beta), equal_nan=True, msg=lambda m: f"{alpha}, {beta}: {m}")
     assert backend.stats.fallback_ops == {}
+
+
+def _windows(x):
+    """Swin's window partition after a patch merge: the padded size is a multiple of 4 and
+    the merged size a square's root: (Y + (4 - Y % 4) % 4) // ((Y + (4 - Y % 4) % 4) // 4)."""
+    b, h, w, c = x.shape
+    x = F.avg_pool2d(x.permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1).reshape(b, -1, c)
+    side = x.shape[1] // (w // 2)  # ((h//2) * (w//2)) // (w//2)
+    x = x.view(b, side, w // 2, c)
+    pad_b, pad_r = (4 - side % 4) % 4, (4 - (w // 2) % 4) % 4
+    x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
+    hp, wp = x.shape[1], x.shape[2]
+    windows = x.view(b, hp // 4, 4, wp // 4, 4, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, 16, c)
+    return (windows * 2).view(b, hp // (hp // 4), hp // 4, wp // 4, 4, c).sum(1)
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_window_padding_sizes_stay_whole(dynamic):
+    backend = ortlite.Backend()
+    compiled = torch.compile(_windows, backend=backend, dynamic=dynamic)
+    for h in (10, 14, 22, 9, 16, 30):
+        x = torch.randn(2, h, h + 2, 3)
+        torch.testing.assert_close(compiled(x), _windows(x), msg=lambda m: f"{h}: {m}")
+    assert backend.stats.fallback_ops == {}

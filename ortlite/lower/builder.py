@@ -70,13 +70,39 @@ def sym_expr(value) -> sympy.Expr:
 
 
 def _exact_quotient(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
-    """a / b where it is a polynomial (e.g. (s**2) // s is s), else None."""
+    """a / b where it is a polynomial in the sizes and in the size functions they contain
+    (e.g. (s**2) // s is s, ((s // 2)**2) // (s // 2) is s // 2), else None."""
     if b.is_Integer:
         return None
-    quotient = sympy.cancel(a / b)
+    atoms = {f: sympy.Dummy(integer=True) for f in (a + b).atoms(sympy.Function)}
+    quotient = sympy.cancel(a.xreplace(atoms) / b.xreplace(atoms))
+    if quotient.is_Integer:
+        return quotient
     if not quotient.is_polynomial() or not quotient.free_symbols:
         return None
-    return quotient if all(c.is_Integer for c in sympy.Poly(quotient).coeffs()) else None
+    if not all(c.is_Integer for c in sympy.Poly(quotient).coeffs()):
+        return None
+    return quotient.xreplace({d: f for f, d in atoms.items()})
+
+
+def _canonical(expr: sympy.Expr) -> sympy.Expr:
+    """expr with exact polynomial quotients divided out ((s**2) // s is s), and Y + (n - Y %
+    n) % n, Y padded up to a multiple of n (a windowed model's pad), as n * ((Y + n - 1) //
+    n): equal for every integer Y, and a form whose lower bound the range analysis sees (a
+    divisor ((Y + pad) // n) is then known positive for Y >= 1)."""
+
+    def rewrite(add: sympy.Add) -> sympy.Expr:
+        for term in add.args:
+            if not (isinstance(term, (sympy.Mod, Mod, PythonMod)) and term.args[1].is_Integer and term.args[1] > 0):
+                continue
+            n, rest = term.args[1], add - term
+            if any(sympy.expand(term.args[0] - form) == 0 for form in (n - mod(rest, n) for mod in (Mod, PythonMod, sympy.Mod))):
+                return n * FloorDiv(rest + n - 1, n)
+        return add
+
+    exact = lambda e: isinstance(e, FloorDiv) and _exact_quotient(*e.args) is not None  # noqa: E731
+    expr = expr.replace(exact, lambda e: _exact_quotient(*e.args))  # (s**2) // s: s first
+    return expr.replace(lambda e: isinstance(e, sympy.Add), rewrite)
 
 
 class GraphBuilder:
@@ -194,6 +220,10 @@ class GraphBuilder:
         cached = self._sym_values.get(expr)
         if cached is not None:
             return cached
+        canonical = _canonical(expr)
+        if canonical != expr:
+            value = self._sym_values[expr] = self._sym(canonical)
+            return value
         if expr.is_Integer:
             result = self.const(int(expr), torch.int64)
         elif expr.is_Symbol:
