@@ -326,8 +326,9 @@ def test_sum_dtypes_and_edge_cases():
     check_lowered(lambda x: (x.sum(), x.sum(0)), torch.tensor(2.5))
 
 
-def test_mean_of_empty_falls_back():
-    check_fallback(lambda x: x.mean(0), f32(0, 3), op="aten.mean.dim")
+def test_mean_of_empty_is_nan_as_in_aten():
+    for shape, fn in (((0, 3), lambda x: x.mean(0)), ((2, 0), lambda x: x.mean(-1, keepdim=True)), ((0, 0), lambda x: x.mean())):
+        check_lowered(fn, f32(*shape))
 
 
 def test_amax_amin():

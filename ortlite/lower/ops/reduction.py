@@ -37,9 +37,14 @@ def sum_(g, node, x, dim=None, keepdim=False, *, dtype=None):
     return _reduce(g, node, "ReduceSum", x, dim, keepdim)
 
 
-@lower(aten.mean.dim, aten.mean.default, check=_nonempty_check)
+@lower(aten.mean.dim, aten.mean.default)
 def mean(g, node, x, dim=None, keepdim=False, *, dtype=None):
-    return _reduce(g, node, "ReduceMean", x, dim, keepdim)
+    count = _reduced_count_of(arg_val(node, 0), dim)
+    if not may_be_zero(count):
+        return _reduce(g, node, "ReduceMean", x, dim, keepdim)
+    # over no elements aten's mean is NaN (0 / 0), ORT's ReduceMean 0
+    total = _reduce(g, node, "ReduceSum", x, dim, keepdim)
+    return g.op("Div", total, g.cast(g.sym(count), out_dtype(node)))
 
 
 @lower(aten.amax.default, check=_nonempty_check)
