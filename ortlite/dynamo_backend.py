@@ -21,7 +21,7 @@ from .decomp import decomposition_table
 from .logs import warn_once
 from .lower import LoweringError, NodeNotLowered, lower_graph
 from .options import Options
-from .partition import alias_views_to_torch, fallback_counts, is_fallback, partition, unsupported_nodes
+from .partition import alias_views_to_torch, fallback_counts, is_fallback, op_name, partition, storage_readers_see_eager_storage, unsupported_nodes
 from .runner import runner_for
 from .session import SessionCache
 
@@ -102,6 +102,10 @@ class Backend:
         runs all of it, else the graph with its supported parts replaced by runners."""
         if kind == "forward":
             alias_views_to_torch(gm)
+        if not storage_readers_see_eager_storage(gm):
+            warn_once("ortlite: a graph with an as_strided of a layout it cannot reproduce runs in torch")
+            self._fallback_ops.update(op_name(n) for n in _calls(gm))
+            return make_boxed_func(gm)
         return self._compile(gm, f"{kind}_{next(_graph_ids)}", boxed=True)
 
     def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool):

@@ -16,6 +16,8 @@ from .lower import unsupported_reason
 
 # Why a node runs in torch by design, not as a fallback: see alias_views_to_torch.
 ALIAS_VIEW = "a view aliasing an input or another output: torch makes it"
+READS_INPUT_STORAGE = "reads the storage of a graph input (as_strided): torch runs it on the real tensor"
+STORAGE_READERS = {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default, torch.ops.aten.as_strided_scatter.default}
 
 
 def node_reason(node: torch.fx.Node, excluded: dict[str, str]) -> str | None:
@@ -28,6 +30,8 @@ def node_reason(node: torch.fx.Node, excluded: dict[str, str]) -> str | None:
         return f"{node.op} node"
     if node.meta.get("ortlite_alias_view"):
         return ALIAS_VIEW
+    if node.meta.get("ortlite_reads_input_storage"):
+        return READS_INPUT_STORAGE
     if node.name in excluded:
         return excluded[node.name]
     return unsupported_reason(node)
@@ -95,6 +99,72 @@ def alias_views_to_torch(gm: torch.fx.GraphModule) -> bool:
             gm.graph.erase_node(node)
     gm.recompile()
     return True
+
+
+def storage_readers_see_eager_storage(gm: torch.fx.GraphModule) -> bool:
+    """Make each as_strided (and _copy, _scatter) read the storage eager's would; returns
+    False when that cannot be arranged and the whole graph must run in torch.
+
+    as_strided reads its argument's storage: in eager the storage of the tensor it views
+    (the end of its chain of views), laid out as eager laid it out (x.t() * 2 keeps the
+    transposed strides). ONNX Runtime returns every value compact and contiguous, and a
+    torch island that reads it would read another layout. So:
+    - a storage made in the graph, dense with a known layout: the argument becomes
+      permute(base, order).contiguous(), a fresh tensor holding exactly eager's storage
+      (offset made explicit); then the read is right whoever runs it;
+    - a graph input's storage: the chain and the read run in torch on the real tensor;
+    - anything else (overlapping or partial layouts, unknown orders): False."""
+    readers = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in STORAGE_READERS]
+    for reader in readers:
+        chain = _view_chain(reader.args[0])
+        base, source = chain[-1], meta_val(reader.args[0])
+        if base.op == "placeholder":
+            for n in [reader, *chain[:-1]]:
+                n.meta["ortlite_reads_input_storage"] = True
+            continue
+        order = _dense_order(meta_val(base))
+        offset = _arg(reader, 4 if reader.target is torch.ops.aten.as_strided_scatter.default else 3, "storage_offset")
+        offset = source.storage_offset() if offset is None else offset
+        if order is None or not isinstance(offset, int) or reader.target is torch.ops.aten.as_strided_scatter.default:
+            return False
+        with gm.graph.inserting_before(reader):
+            permuted = gm.graph.call_function(torch.ops.aten.permute.default, (base, order))
+            permuted.meta["val"] = meta_val(base).permute(order)
+            storage = gm.graph.call_function(torch.ops.aten.clone.default, (permuted,), {"memory_format": torch.contiguous_format})
+            storage.meta["val"] = permuted.meta["val"].clone(memory_format=torch.contiguous_format)
+        args = list(reader.args) + [None] * (4 - len(reader.args))
+        args[0], args[3] = storage, offset
+        reader.args = tuple(args)
+        reader.kwargs = {k: v for k, v in reader.kwargs.items() if k != "storage_offset"}
+    if readers:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return True
+
+
+def meta_val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+
+
+def _arg(node, index, name):
+    return meta_val(node.args[index]) if index < len(node.args) else meta_val(node.kwargs.get(name))
+
+
+def _dense_order(t) -> list[int] | None:
+    """The dims of t from outermost to innermost in memory, when its elements fill its
+    storage exactly (no gaps, no overlap, offset 0) and the strides are static; else None."""
+    strides, sizes = t.stride(), t.shape
+    if not all(isinstance(v, int) for v in (*strides, *sizes, t.storage_offset())):
+        return None
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset() != 0:
+        return None
+    order = sorted(range(t.dim()), key=lambda d: (-strides[d], -sizes[d]))
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expected:
+            return None
+        expected *= sizes[d]
+    return order
 
 
 def _storages(node) -> set:

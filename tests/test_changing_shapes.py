@@ -489,3 +489,14 @@ def test_window_padding_sizes_stay_whole(dynamic):
         x = torch.randn(2, h, h + 2, 3)
         torch.testing.assert_close(compiled(x), _windows(x), msg=lambda m: f"{h}: {m}")
     assert backend.stats.fallback_ops == {}
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_as_strided_of_a_transposed_result_with_changing_sizes(dynamic):
+    """The storage as_strided reads is laid out as eager's (transposed): with symbolic
+    strides ortlite cannot rebuild that layout, and the graph runs in torch, never wrong."""
+    fn = lambda x: torch.as_strided(x.t() * 2, (x.shape[1], 2), (1, x.shape[1])) + 1  # noqa: E731
+    compiled = torch.compile(fn, backend=ortlite.Backend(), dynamic=dynamic)
+    for n in (3, 5, 4, 7):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(compiled(x), fn(x), msg=lambda m: f"{n}: {m}")

@@ -449,3 +449,35 @@ def test_max_pool2d_propagates_nan_and_inf():
     x[0, 0, 1, 1] = float("nan")
     x[0, 1, 2, 3] = float("inf")
     check_lowered(lambda x: F.max_pool2d(x, 2), x)
+
+
+AS_STRIDED = {
+    # (fn, input shape, lowered?)
+    "adaptive_pool_of_transposed": (lambda x: torch.nn.functional.adaptive_avg_pool1d(x.transpose(1, 2), 1).flatten(1), (2, 5, 3), True),
+    "gather_with_offset": (lambda x: torch.as_strided(x * 2, (3, 3), (2, 1), 1), (4, 5), True),
+    "overlapping_windows": (lambda x: torch.as_strided(x + 1, (4, 3), (1, 1)), (10,), True),
+    "zero_strides": (lambda x: torch.as_strided(x + 1, (2, 3, 2), (0, 2, 1), 2), (3, 4), True),
+    "empty": (lambda x: torch.as_strided(x + 1, (0, 3), (3, 1)), (2, 3), True),
+    # eager's storage of the transposed product is in the transposed order
+    "transposed_layout": (lambda x: torch.as_strided(x.t() * 2, (3, 2), (1, 3)), (2, 3), True),
+    "permuted_3d_layout": (lambda x: torch.as_strided(x.permute(2, 0, 1) + 1, (4, 6), (6, 1)), (2, 3, 4), True),
+    # a view of a result: its storage is the result's, from the view's offset
+    "view_with_offset": (lambda x: torch.as_strided((x * 2)[1:], (2, 2), (1, 2)), (3, 4), True),
+    "transposed_view": (lambda x: torch.as_strided((x * 2).t(), (2, 3), (1, 2)), (2, 3), True),
+    # a graph input's storage: torch reads the real one
+    "view_of_an_input": (lambda x: torch.as_strided(x.view(-1), (2, 2), (1, 2)) * 1, (2, 2), "torch"),
+    "slice_of_an_input": (lambda x: torch.as_strided(x[1:], (2, 2), (1, 2), 1) * 1, (3, 4), "torch"),
+    # the storage of an expanded result is the result's
+    "expanded_view": (lambda x: torch.as_strided((x + 1).expand(3, 4)[1:], (2, 2), (1, 2)), (4,), True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AS_STRIDED))
+def test_as_strided_reads_what_eager_storage_holds(case):
+    """as_strided reads its argument's storage as eager laid it out (x.t() * 2 keeps the
+    transposed strides), never ONNX Runtime's compact copy."""
+    fn, shape, lowered = AS_STRIDED[case]
+    if lowered is True:
+        check_lowered(fn, f32(*shape))
+    else:
+        check_fallback(fn, f32(*shape), op="aten.as_strided.default")

@@ -3,6 +3,8 @@ aot_autograd hands over are functional, so no caller can observe the difference.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..builder import Value, sym_expr
@@ -351,3 +353,73 @@ def assert_tensor_metadata(g, node, *args, **kwargs):
     """torch.export's check that a tensor has the metadata tracing saw: true by construction
     of the lowered graph (its inputs are checked by the runner). Nothing to compute."""
     return None
+
+
+# -- as_strided --------------------------------------------------------------------------
+
+AS_STRIDED_TABLE_MAX = 1 << 20  # elements of the gather index a static as_strided builds
+
+
+def _as_strided_args(node):
+    size, stride = meta(node.args[1]), meta(node.args[2])
+    offset = meta(node.args[3]) if len(node.args) > 3 else node.kwargs.get("storage_offset")
+    return [meta(s) for s in size], [meta(s) for s in stride], meta(offset) or 0
+
+
+def _known(condition) -> bool:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return condition is True or (not isinstance(condition, bool) and statically_known_true(condition))
+
+
+def _owns_its_storage(node) -> bool:
+    """as_strided reads its input's storage: the lowering sees only the input's elements,
+    so its storage must hold exactly those, in order, and be made in the graph (a graph
+    input's storage and offset are the caller's: Dynamo does not guard them)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    x = meta(node)
+    storage = StorageWeakRef(x.untyped_storage())
+    for p in node.graph.find_nodes(op="placeholder"):
+        if isinstance(meta(p), torch.Tensor) and StorageWeakRef(meta(p).untyped_storage()) == storage:
+            return False
+    nbytes = x.untyped_storage().nbytes()
+    return bool(x.is_contiguous()) and _known(x.storage_offset() == 0) and _known(nbytes == x.numel() * x.element_size())
+
+
+def _as_strided_is_reshape(x, size, stride, offset) -> bool:
+    """Strides are the contiguous ones of size (any stride on a size-1 dim), offset 0, and
+    as many elements as the input: a reshape of the input's elements."""
+    if not (_known(offset == 0) and _known(math.prod(size) == x.numel())):
+        return False
+    for k, (n, s) in enumerate(zip(size, stride)):
+        if not _known(n == 1) and not _known(s == math.prod(size[k + 1 :])):
+            return False
+    return True
+
+
+def _as_strided_check(node):
+    x = meta(node.args[0])
+    if not _owns_its_storage(node.args[0]):
+        return "as_strided of a tensor that may not own its storage (a view or a graph input)"
+    size, stride, offset = _as_strided_args(node)
+    if _as_strided_is_reshape(x, size, stride, offset):
+        return None
+    if not (is_static(size) and is_static(stride) and isinstance(offset, int) and is_static(x.shape)):
+        return "symbolic as_strided that is not a reshape"
+    if math.prod(size) > AS_STRIDED_TABLE_MAX:
+        return "as_strided too large to gather"
+    try:
+        torch.as_strided(torch.empty(x.numel()), size, stride, offset)
+    except RuntimeError:
+        return "as_strided past its input's storage (aten raises)"
+    return None
+
+
+@lower(aten.as_strided.default, check=_as_strided_check)
+def as_strided(g, node, x, *_):
+    size, stride, offset = _as_strided_args(node)
+    if _as_strided_is_reshape(meta(node.args[0]), size, stride, offset):
+        return reshape_to(g, x, size)
+    index = torch.as_strided(torch.arange(math.prod(x.shape)), size, stride, offset)
+    return g.op("Gather", g.op("Reshape", x, g.ints([-1])), g.const(index), axis=0)
