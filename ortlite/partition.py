@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import math
 import operator
 
 import torch
@@ -127,6 +128,8 @@ def storage_readers_see_eager_storage(gm: torch.fx.GraphModule) -> bool:
         offset = source.storage_offset() if offset is None else offset
         if order is None or not isinstance(offset, int) or reader.target is torch.ops.aten.as_strided_scatter.default:
             return False
+        if base is reader.args[0] and order == list(range(len(order))):
+            continue  # a contiguous result: ONNX Runtime's copy has eager's layout
         with gm.graph.inserting_before(reader):
             permuted = gm.graph.call_function(torch.ops.aten.permute.default, (base, order))
             permuted.meta["val"] = meta_val(base).permute(order)
@@ -152,11 +155,16 @@ def _arg(node, index, name):
 
 def _dense_order(t) -> list[int] | None:
     """The dims of t from outermost to innermost in memory, when its elements fill its
-    storage exactly (no gaps, no overlap, offset 0) and the strides are static; else None."""
+    storage exactly (no gaps, no overlap, offset 0) and that order is known without a
+    guard (contiguous, or static strides); else None."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
     strides, sizes = t.stride(), t.shape
-    if not all(isinstance(v, int) for v in (*strides, *sizes, t.storage_offset())):
+    if not (known(t.storage_offset() == 0) and known(t.untyped_storage().nbytes() == t.numel() * t.element_size())):
         return None
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset() != 0:
+    if all(known(sizes[d] == 1) or known(strides[d] == math.prod(sizes[d + 1 :])) for d in range(t.dim())):
+        return list(range(t.dim()))
+    if not all(isinstance(v, int) for v in (*strides, *sizes)):
         return None
     order = sorted(range(t.dim()), key=lambda d: (-strides[d], -sizes[d]))
     expected = 1
