@@ -589,8 +589,10 @@ def own_code(model, extra):
 
 
 def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None, dynamic=None) -> dict:
-    """Median ms per call at the zoo model's first shape: eager, ortlite static (dynamic=False)
-    and ortlite dynamic (dynamic=True, warmed up at another shape first); interleaved rounds.
+    """Median ms per call at the zoo model's first shape: eager, ortlite static (dynamic=False),
+    ortlite dynamic (dynamic=True, warmed up at another shape first) and ortlite auto (Dynamo's
+    default: called at another shape first, so the first shape recompiles with symbolic
+    sizes, and that graph is timed); interleaved rounds.
     `dynamic`: the model already compiled with dynamic=True (run_model(name, True, model,
     keep=True)["compiled"]), saving a compile; the static candidate has a code object of its own."""
     spec = ZOO[name]
@@ -604,9 +606,11 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
     else:
         compiled = lambda kw: dynamic(**kw, **spec.extra, return_dict=False)  # noqa: E731
     static = torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(), dynamic=False)
-    candidates = {"eager": eager, "static": static, "dynamic": compiled}
+    auto = torch.compile(own_code(model, spec.extra), backend=ortlite.Backend())
+    candidates = {"eager": eager, "static": static, "dynamic": compiled, "auto": auto}
     with torch.no_grad():
         compiled(other)
+        auto(other)  # static at the other shape; the first shape then recompiles symbolic
         for fn in candidates.values():
             fn(kwargs)
         # iterations per block: about min_block_s of eager
@@ -622,7 +626,7 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
                 samples[k].append((time.perf_counter() - t0) / iters * 1e3)
     torch._dynamo.reset()
     ms = {k: statistics.median(v) for k, v in samples.items()}
-    return {"eager_ms": ms["eager"], "static_ms": ms["static"], "dynamic_ms": ms["dynamic"], "iters": iters, "rounds": rounds,
+    return {"eager_ms": ms["eager"], "static_ms": ms["static"], "dynamic_ms": ms["dynamic"], "auto_ms": ms["auto"], "iters": iters, "rounds": rounds,
             "shape": spec.shapes[0]}
 
 
@@ -678,26 +682,36 @@ def report(results: dict, timings: dict, header: str) -> str:
         "auto = Dynamo's default (automatic dynamic: call 2 recompiles with symbolic sizes); dyn = `dynamic=True`.",
         "graphs/call = Dynamo graphs compiled at each call; sess/graphs = ONNX Runtime sessions over Dynamo graphs;",
         "fallback = aten op: nodes left to torch (ortlite's stats); static = at call 1 of auto (static sizes).",
-        "Timing: ms per call at the first shape, 1 thread, medians of interleaved rounds; static = `dynamic=False`.",
+        "Timing: ms per call at the first shape, 1 thread, medians of interleaved rounds; static = `dynamic=False`;",
+        "auto = the default path's symbolic graph (compiled at another shape first, so the first shape recompiles).",
         "",
         "| model | shapes | auto match | auto graphs/call | auto sess/graphs | dyn match | dyn graphs/call | dyn sess/graphs "
         "| fallback static | fallback auto (all calls) | fallback dyn | reasons (dyn) | eager ms | static ms | dynamic ms "
-        "| dyn/static | dyn/eager |",
-        "|" + "---|" * 17,
+        "| dyn/static | dyn/eager | auto ms | auto/static | auto/eager |",
+        "|" + "---|" * 20,
     ]
     for name, (auto, dyn) in results.items():
         t = timings.get(name)
-        tcols = ["-"] * 5
+        tcols = ["-"] * 8
         if t and "error" not in t:
             tcols = [f"{t['eager_ms']:.2f}", f"{t['static_ms']:.2f}", f"{t['dynamic_ms']:.2f}",
-                     f"{t['dynamic_ms'] / t['static_ms']:.2f}", f"{t['dynamic_ms'] / t['eager_ms']:.2f}"]
+                     f"{t['dynamic_ms'] / t['static_ms']:.2f}", f"{t['dynamic_ms'] / t['eager_ms']:.2f}",
+                     f"{t['auto_ms']:.2f}", f"{t['auto_ms'] / t['static_ms']:.2f}", f"{t['auto_ms'] / t['eager_ms']:.2f}"]
         elif t:
-            tcols = ["timing failed"] + ["-"] * 4
+            tcols = ["timing failed"] + ["-"] * 7
         shapes = " ".join("x".join(map(str, s)) for s in ZOO[name].shapes)
         cols = [name, shapes, _match(auto), str(auto["graphs_per_call"]), _sessions(auto), _match(dyn), str(dyn["graphs_per_call"]),
                 _sessions(dyn), _ops(auto["fallback_ops_first_call"]), _ops(auto["fallback_ops"]), _ops(dyn["fallback_ops"]),
                 _short_reasons(dyn["reasons"]), *tcols]
         lines.append("| " + " | ".join(_cell(c) for c in cols) + " |")
+    timed = [t for t in timings.values() if t and "error" not in t]
+    if timed:
+        lines.append("")
+        for key, label in (("dynamic_ms", "dyn (`dynamic=True`)"), ("auto_ms", "auto (default, symbolic graph)")):
+            ratios = sorted(t[key] / t["static_ms"] for t in timed)
+            below = sum(t[key] < t["eager_ms"] for t in timed)
+            lines.append(f"- {label} / static: median {statistics.median(ratios):.2f}, max {ratios[-1]:.2f}, "
+                         f"at most 1.15 in {sum(r <= 1.15 for r in ratios)} of {len(ratios)}; below eager in {below} of {len(timed)}")
 
     # what falls back, aggregated over models
     def subtract(total, first):
@@ -844,7 +858,7 @@ def main(argv=None):
             del compiled
             torch._dynamo.reset()
         t = timings.get(name, {})
-        tim = f" eager {t['eager_ms']:.2f} static {t['static_ms']:.2f} dynamic {t['dynamic_ms']:.2f} ms" if "eager_ms" in t else ""
+        tim = f" eager {t['eager_ms']:.2f} static {t['static_ms']:.2f} dynamic {t['dynamic_ms']:.2f} auto {t['auto_ms']:.2f} ms" if "eager_ms" in t else ""
         print(f"{name}: auto {_match(auto)} {auto['graphs_per_call']} sess {auto['sessions']} fb {_ops(auto['fallback_ops'])} | "
               f"dyn {_match(dyn)} {dyn['graphs_per_call']} sess {dyn['sessions']} fb {_ops(dyn['fallback_ops'])} |{tim} "
               f"[{auto['seconds']:.0f}+{dyn['seconds']:.0f}+{time.perf_counter() - t0 - auto['seconds'] - dyn['seconds']:.0f} s]", flush=True)
