@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import math
 import operator
 
 import torch
@@ -14,6 +13,8 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from .lower import unsupported_reason
+from .lower.ops.common import arg_val, fills_its_storage, has_contiguous_strides
+from .lower.registry import meta
 
 # Why a node runs in torch by design, not as a fallback: see alias_views_to_torch.
 ALIAS_VIEW = "a view aliasing an input or another output: torch makes it"
@@ -118,13 +119,13 @@ def storage_readers_see_eager_storage(gm: torch.fx.GraphModule) -> bool:
     readers = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in STORAGE_READERS]
     for reader in readers:
         chain = _view_chain(reader.args[0])
-        base, source = chain[-1], meta_val(reader.args[0])
+        base, source = chain[-1], meta(reader.args[0])
         if base.op == "placeholder":
             for n in [reader, *chain[:-1]]:
                 n.meta["ortlite_reads_input_storage"] = True
             continue
-        order = _dense_order(meta_val(base))
-        offset = _arg(reader, 4 if reader.target is torch.ops.aten.as_strided_scatter.default else 3, "storage_offset")
+        order = _dense_order(meta(base))
+        offset = arg_val(reader, 4 if reader.target is torch.ops.aten.as_strided_scatter.default else 3, "storage_offset")
         offset = source.storage_offset() if offset is None else offset
         if order is None or not isinstance(offset, int) or reader.target is torch.ops.aten.as_strided_scatter.default:
             return False
@@ -132,7 +133,7 @@ def storage_readers_see_eager_storage(gm: torch.fx.GraphModule) -> bool:
             continue  # a contiguous result: ONNX Runtime's copy has eager's layout
         with gm.graph.inserting_before(reader):
             permuted = gm.graph.call_function(torch.ops.aten.permute.default, (base, order))
-            permuted.meta["val"] = meta_val(base).permute(order)
+            permuted.meta["val"] = meta(base).permute(order)
             storage = gm.graph.call_function(torch.ops.aten.clone.default, (permuted,), {"memory_format": torch.contiguous_format})
             storage.meta["val"] = permuted.meta["val"].clone(memory_format=torch.contiguous_format)
         args = list(reader.args) + [None] * (4 - len(reader.args))
@@ -145,24 +146,14 @@ def storage_readers_see_eager_storage(gm: torch.fx.GraphModule) -> bool:
     return True
 
 
-def meta_val(node):
-    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
-
-
-def _arg(node, index, name):
-    return meta_val(node.args[index]) if index < len(node.args) else meta_val(node.kwargs.get(name))
-
-
 def _dense_order(t) -> list[int] | None:
     """The dims of t from outermost to innermost in memory, when its elements fill its
     storage exactly (no gaps, no overlap, offset 0) and that order is known without a
     guard (contiguous, or static strides); else None."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
-
-    strides, sizes = t.stride(), t.shape
-    if not (known(t.storage_offset() == 0) and known(t.untyped_storage().nbytes() == t.numel() * t.element_size())):
+    if not fills_its_storage(t):
         return None
-    if all(known(sizes[d] == 1) or known(strides[d] == math.prod(sizes[d + 1 :])) for d in range(t.dim())):
+    strides, sizes = t.stride(), t.shape
+    if has_contiguous_strides(sizes, strides):
         return list(range(t.dim()))
     if not all(isinstance(v, int) for v in (*strides, *sizes)):
         return None

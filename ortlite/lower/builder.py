@@ -100,8 +100,11 @@ def _canonical(expr: sympy.Expr) -> sympy.Expr:
                 return n * FloorDiv(rest + n - 1, n)
         return add
 
-    exact = lambda e: isinstance(e, FloorDiv) and _exact_quotient(*e.args) is not None  # noqa: E731
-    expr = expr.replace(exact, lambda e: _exact_quotient(*e.args))  # (s**2) // s: s first
+    def divided_out(floordiv: FloorDiv) -> sympy.Expr:
+        quotient = _exact_quotient(*floordiv.args)
+        return floordiv if quotient is None else quotient
+
+    expr = expr.replace(lambda e: isinstance(e, FloorDiv), divided_out)  # (s**2) // s: s first
     return expr.replace(lambda e: isinstance(e, sympy.Add), rewrite)
 
 

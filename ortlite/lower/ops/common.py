@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -99,6 +100,21 @@ def may_be_empty(t) -> bool:
 
 def is_static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
+
+
+def fills_its_storage(t) -> bool:
+    """Are t's elements all its storage holds (offset 0, no gaps), known without a guard?"""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    return known(t.storage_offset() == 0) and known(t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
+def has_contiguous_strides(sizes, strides) -> bool:
+    """Are strides the contiguous ones of sizes (any stride on a size-1 dim), known without
+    a guard?"""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    return all(known(n == 1) or known(s == math.prod(sizes[k + 1 :])) for k, (n, s) in enumerate(zip(sizes, strides)))
 
 
 def same_shape(a, b) -> bool:

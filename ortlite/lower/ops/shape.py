@@ -9,7 +9,7 @@ import torch
 
 from ..builder import Value, sym_expr
 from ..registry import lower, meta
-from .common import aten, is_static, may_be_zero, norm_dim, out_dtype, out_shape
+from .common import aten, fills_its_storage, has_contiguous_strides, is_static, may_be_zero, norm_dim, out_dtype, out_shape
 
 INT64_MAX = 2**63 - 1
 
@@ -366,12 +366,6 @@ def _as_strided_args(node):
     return [meta(s) for s in size], [meta(s) for s in stride], meta(offset) or 0
 
 
-def _known(condition) -> bool:
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    return condition is True or (not isinstance(condition, bool) and statically_known_true(condition))
-
-
 def _owns_its_storage(node) -> bool:
     """as_strided reads its input's storage: the lowering sees only the input's elements,
     so its storage must hold exactly those, in order, and be made in the graph (a graph
@@ -383,19 +377,15 @@ def _owns_its_storage(node) -> bool:
     for p in node.graph.find_nodes(op="placeholder"):
         if isinstance(meta(p), torch.Tensor) and StorageWeakRef(meta(p).untyped_storage()) == storage:
             return False
-    nbytes = x.untyped_storage().nbytes()
-    return bool(x.is_contiguous()) and _known(x.storage_offset() == 0) and _known(nbytes == x.numel() * x.element_size())
+    return bool(x.is_contiguous()) and fills_its_storage(x)
 
 
 def _as_strided_is_reshape(x, size, stride, offset) -> bool:
-    """Strides are the contiguous ones of size (any stride on a size-1 dim), offset 0, and
-    as many elements as the input: a reshape of the input's elements."""
-    if not (_known(offset == 0) and _known(math.prod(size) == x.numel())):
-        return False
-    for k, (n, s) in enumerate(zip(size, stride)):
-        if not _known(n == 1) and not _known(s == math.prod(size[k + 1 :])):
-            return False
-    return True
+    """Strides are the contiguous ones of size, offset 0, and as many elements as the
+    input: a reshape of the input's elements."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    return known(offset == 0) and known(math.prod(size) == x.numel()) and has_contiguous_strides(size, stride)
 
 
 def _as_strided_check(node):
