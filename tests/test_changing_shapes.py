@@ -373,6 +373,43 @@ def test_ops_stay_whole_while_sizes_change(case):
     assert not left, backend.stats.fallback_ops
 
 
+CUMULATIVE = {
+    "cumprod": lambda t: torch.cumprod(t, 1),
+    "logcumsumexp": lambda t: torch.logcumsumexp(t, 1),
+    "cummax": lambda t: torch.cummax(t, 1),
+    "cummin": lambda t: torch.cummin(t, -1),
+}
+
+
+@pytest.mark.parametrize(
+    "case, dtype",
+    [
+        (case, dtype)
+        for case in sorted(CUMULATIVE)
+        for dtype in (torch.float32, torch.float64, torch.int64, torch.bool)
+        if not (case == "logcumsumexp" and not dtype.is_floating_point or case == "cumprod" and dtype == torch.bool)
+    ],
+)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_cumulative_ops_at_every_length(case, dtype, dynamic):
+    """Short static lengths take the triangular spread; long and symbolic ones the doubling
+    scan in a Loop. Ties, NaN and -inf are where the index rule shows."""
+    fn = CUMULATIVE[case]
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for n in (2, 3, 7, 300, 1025) if dynamic else (5, 300):
+        x = torch.randint(-2, 3, (3, n)).to(dtype) if not dtype.is_floating_point else torch.randn(3, n, dtype=dtype) * 1.01
+        if dtype.is_floating_point:
+            x[0, n // 2] = float("nan")
+            x[1, n - 1] = float("-inf")
+            x[2, ::3] = 0.5  # ties
+        got, expected = compiled(x), fn(x)
+        for g, e in zip(got if isinstance(got, tuple) else [got], expected if isinstance(expected, tuple) else [expected]):
+            assert g.dtype == e.dtype and g.shape == e.shape, f"n={n}"
+            torch.testing.assert_close(g, e, rtol=2e-6, atol=1e-5, equal_nan=True, msg=lambda m: f"n={n}: {m}")
+    assert backend.stats.fallback_ops == {}
+
+
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
 def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     """The last window may overhang the input (or start in it only just): aten and ONNX

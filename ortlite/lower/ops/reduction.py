@@ -261,29 +261,18 @@ def _vector_norm(g, node, x, ord, dim, keepdim, input_rank):
     return result
 
 
-CUMPROD_MAX = 256  # cumprod as a product over a triangular (n, n) spread: bounded n
-
-
-def _cumprod_check(node):
-    x = node.args[0].meta["val"]
-    if x.dim() and x.shape[norm_dims(node.args[1], x.dim())[0]] > CUMPROD_MAX:
-        return f"cumprod over more than {CUMPROD_MAX} elements"
-    return None
-
-
-@lower(aten.cumprod.default, check=_cumprod_check)
+@lower(aten.cumprod.default)
 def cumprod(g, node, x, dim, *, dtype=None):
-    # ONNX has no cumulative product: out[i] = prod over j <= i, as a ReduceProd of x
-    # spread over a new axis with ones above the diagonal
     x = g.cast(x, out_dtype(node))
-    if x.rank == 0 or 0 in x.shape:
+    if x.rank == 0 or 0 in [d for d in x.shape if isinstance(d, int)]:
         return g.op("Identity", x)
     axis = norm_dims(dim, x.rank)[0]
-    n = x.shape[axis]
-    spread = g.op("Unsqueeze", x, g.ints([axis]))  # (..., 1 [i], n [j], ...)
-    lower = torch.ones(n, n, dtype=torch.bool).tril().view([n, n] + [1] * (x.rank - axis - 1))
-    masked = g.op("Where", g.const(lower), spread, g.const(1, x.dtype))
-    return g.op("ReduceProd", masked, g.ints([axis + 1]), keepdims=0)
+    if _spreads(x, axis):
+        # out[i] = prod over j <= i, as a ReduceProd of x spread over a new axis with ones
+        # above the diagonal
+        return g.op("ReduceProd", _spread(g, x, axis, 1), g.ints([axis + 1]), keepdims=0)
+    (product,) = _scan(g, [_accumulated(g, x)], axis, [1], lambda b, earlier, later: [b.op("Mul", earlier[0], later[0])])
+    return g.cast(product, x.dtype)
 
 
 def _median_check(node):
@@ -345,14 +334,14 @@ def median(g, node, x):
     return result
 
 
-SPREAD_MAX = 256  # cumulative ops as reductions over a triangular (n, n) spread: bounded n
+SPREAD_MAX = 256  # cumulative ops as reductions over a triangular (n, n) spread up to this n
 
 
-def _spread_check(node):
-    x = node.args[0].meta["val"]
-    if x.dim() and x.shape[norm_dims(node.args[1], x.dim())[0]] > SPREAD_MAX:
-        return f"cumulative op over more than {SPREAD_MAX} elements"
-    return None
+def _spreads(x: Value, axis: int) -> bool:
+    """Scan along axis by a triangular spread (one fused reduction; n * n memory) rather
+    than by doubling steps in a Loop (_scan)?"""
+    n = x.shape[axis]
+    return isinstance(n, int) and n <= SPREAD_MAX
 
 
 def _spread(g, x: Value, axis: int, fill):
@@ -362,12 +351,45 @@ def _spread(g, x: Value, axis: int, fill):
     return g.op("Where", g.const(lower), g.op("Unsqueeze", x, g.ints([axis])), g.const(fill, x.dtype))
 
 
-@lower(aten.logcumsumexp.default, check=_spread_check)
+def _accumulated(g, x: Value) -> Value:
+    """x in the dtype aten's CPU cumulative kernels accumulate in (acc_type: double for
+    float32, float for half types)."""
+    acc = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}.get(x.dtype, x.dtype)
+    return g.cast(x, acc)
+
+
+def _scan(g, xs: list[Value], axis: int, fills: list, combine) -> tuple[Value, ...]:
+    """Inclusive scans of same-shaped xs along axis, for any length n (symbolic too):
+    ceil(log2 n) doubling steps in an ONNX Loop; step k combines every element with the
+    one 2**k before it (fills, identities of combine, stand before the first).
+    combine(b, earlier, later) -> list: associative; it sees lists of Values."""
+    n = g.sym(xs[0].shape[axis])
+    one = g.const(1, torch.int64)
+
+    def step(b, i, shift, *ys):
+        kept = b.op("Sub", n, shift)
+        pads = b.op("Concat", b.op("Reshape", shift, b.ints([1])), b.ints([0]), axis=0)
+        earlier = [
+            Value(b.op("Pad", b.op("Slice", y, b.ints([0]), b.op("Reshape", kept, b.ints([1])), b.ints([axis])), pads, b.const(fill, y.dtype), b.ints([axis])), y.dtype, y.shape)
+            for y, fill in zip(ys, fills)
+        ]
+        combined = combine(b, earlier, list(ys))
+        doubled = b.op("Mul", shift, b.const(2, torch.int64))
+        return [b.op("Less", doubled, n), Value(doubled, torch.int64, ()), *[Value(v, y.dtype, y.shape) for v, y in zip(combined, ys)]]
+
+    _, *results = g.loop(None, g.op("Less", one, n), [Value(one, torch.int64, ()), *xs], step)
+    return tuple(results)
+
+
+@lower(aten.logcumsumexp.default)
 def logcumsumexp(g, node, x, dim):
     x = g.cast(x, out_dtype(node))
-    if x.rank == 0 or 0 in x.shape:
+    if x.rank == 0 or 0 in [d for d in x.shape if isinstance(d, int)]:
         return g.op("Identity", x)
     axis = norm_dims(dim, x.rank)[0]
+    if not _spreads(x, axis):
+        (total,) = _scan(g, [_accumulated(g, x)], axis, [float("-inf")], lambda b, earlier, later: [_log_add_exp(b, earlier[0], later[0])])
+        return g.cast(total, x.dtype)
     spread = _spread(g, x, axis, float("-inf"))
     j = g.ints([axis + 1])
     top = g.op("ReduceMax", spread, j, keepdims=1)
@@ -376,15 +398,24 @@ def logcumsumexp(g, node, x, dim):
     return g.op("Squeeze", g.op("Add", g.op("Log", total), top), j)
 
 
-@lower(aten.cummax.default, aten.cummin.default, check=_spread_check)
+def _log_add_exp(g, a: Value, b: Value) -> str:
+    top = g.op("Max", a, b)
+    top = g.op("Where", g.op("IsInf", top), g.const(0.0, a.dtype), top)  # both -inf (or an inf): no shift
+    total = g.op("Add", g.op("Exp", g.op("Sub", a, top)), g.op("Exp", g.op("Sub", b, top)))
+    return g.op("Add", g.op("Log", total), top)
+
+
+@lower(aten.cummax.default, aten.cummin.default)
 def cummax(g, node, x, dim):
     largest = node.target is aten.cummax.default
-    if x.rank == 0 or 0 in x.shape:
-        return g.op("Identity", x), g.op("Expand", g.const(0, torch.int64), g.ints(x.shape))
+    if x.rank == 0 or 0 in [d for d in x.shape if isinstance(d, int)]:
+        return g.op("Identity", x), g.op("Expand", g.const(0, torch.int64), g.shape(x.shape))
     if x.dtype == torch.bool:  # as 0/1 integers
         values, index = cummax(g, node, g.cast(x, torch.int32), dim)
         return g.op("Cast", values, to=TORCH_TO_ONNX[torch.bool]), index
     axis = norm_dims(dim, x.rank)[0]
+    if not _spreads(x, axis):
+        return _scanned_cummax(g, x, axis, largest)
     n = x.shape[axis]
     info = torch.finfo(x.dtype) if is_float(x.dtype) else torch.iinfo(x.dtype)
     spread = _spread(g, x, axis, info.min if largest else info.max)
@@ -402,3 +433,23 @@ def cummax(g, node, x, dim):
         hits = where(g, any_nan, is_nan, hits, torch.bool)
     index = g.op("ReduceMax", g.op("Where", hits, position, g.const(-1, torch.int64)), j, keepdims=1)
     return g.op("Squeeze", values, j), g.op("Squeeze", index, j)
+
+
+def _scanned_cummax(g, x: Value, axis: int, largest: bool):
+    """cummax/cummin as a scan of (value, index) pairs: the later pair wins when its value
+    is NaN, or when it is >= (<=) the earlier one and that is not NaN, which is aten's
+    rule (the index of the last running max; once a NaN is seen, NaN and the last NaN)."""
+    shape = [1] * x.rank
+    shape[axis] = -1
+    n = g.sym(x.shape[axis])
+    positions = g.op("Reshape", g.op("Range", g.const(0, torch.int64), n, g.const(1, torch.int64)), g.ints(shape))
+    index = Value(g.op("Expand", positions, g.shape(x.shape)), torch.int64, x.shape)
+    fill = float("-inf" if largest else "inf") if is_float(x.dtype) else (torch.iinfo(x.dtype).min if largest else torch.iinfo(x.dtype).max)
+
+    def combine(b, earlier, later):
+        wins = b.op("GreaterOrEqual" if largest else "LessOrEqual", later[0], earlier[0])
+        if is_float(x.dtype):
+            wins = b.op("Or", b.op("IsNaN", later[0]), b.op("And", wins, b.op("Not", b.op("IsNaN", earlier[0]))))
+        return [b.op("Where", wins, later[0], earlier[0]), b.op("Where", wins, later[1], earlier[1])]
+
+    return _scan(g, [x, index], axis, [fill, -1], combine)
