@@ -410,6 +410,28 @@ def test_cumulative_ops_at_every_length(case, dtype, dynamic):
     assert backend.stats.fallback_ops == {}
 
 
+DIAGONALS = {
+    "diagonal": lambda t, o: torch.diagonal(t, o, 0, 2) + 1,
+    "diagonal_negative_dims": lambda t, o: torch.diagonal(t, -o, -1, 1) * 1,
+    "diagonal_scatter": lambda t, o: torch.diagonal_scatter(t, torch.diagonal(t, o, 0, 2) * 2, o, 0, 2),
+}
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("case", sorted(DIAGONALS))
+def test_diagonals_with_changing_sizes_and_offsets(case, dynamic):
+    fn = DIAGONALS[case]
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    calls = [(3, 4, 5, 1), (4, 2, 6, 2), (5, 3, 2, 3), (6, 1, 9, 4), (2, 3, 2, 5), (7, 2, 4, 2)]
+    for a, b, c, offset in calls:
+        x = torch.randn(a, b, c)
+        got, expected = compiled(x, offset), fn(x, offset)
+        assert got.shape == expected.shape and torch.equal(got, expected), (a, b, c, offset)
+    assert backend.stats.runs == len(calls) and backend.stats.fallback_ops == {}
+
+
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
 def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     """The last window may overhang the input (or start in it only just): aten and ONNX

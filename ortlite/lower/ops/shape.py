@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from torch.utils._sympy.functions import Max
+
 from ..builder import Value, sym_expr
 from ..registry import lower, meta
 from .common import aten, fills_its_storage, has_contiguous_strides, is_static, may_be_zero, norm_dim, out_dtype, out_shape
@@ -230,17 +232,23 @@ def repeat(g, node, x, repeats):
     return g.op("Tile", x, g.ints(repeats))
 
 
+def _diagonal_positions(g, x: Value, offset, d1: int, d2: int, n) -> Value:
+    """The diagonal's flat positions in the (d1, d2) plane of x, n of them: a Range, so that
+    sizes and the offset may be symbolic."""
+    cols = sym_expr(x.shape[d2])
+    offset = sym_expr(offset)
+    first = Max(-offset, 0) * cols + Max(offset, 0)
+    step = cols + 1
+    return Value(g.op("Range", g.sym(first), g.sym(first + sym_expr(n) * step), g.sym(step)), torch.int64, (n,))
+
+
 @lower(aten.diagonal.default)
 def diagonal(g, node, x, offset=0, dim1=0, dim2=1):
     d1, d2 = norm_dim(dim1, x.rank), norm_dim(dim2, x.rank)
     rest = [d for d in range(x.rank) if d not in (d1, d2)]
-    rows, cols = x.shape[d1], x.shape[d2]
     moved = g.op("Transpose", x, perm=rest + [d1, d2])
-    flat = reshape_to(g, moved, [x.shape[d] for d in rest] + [rows * cols])
-    n = out_shape(node)[-1]
-    first_row, first_col = max(-offset, 0), max(offset, 0)
-    flat_index = [(first_row + i) * cols + first_col + i for i in range(n)]
-    return g.op("Gather", flat, g.ints(flat_index), axis=-1)
+    flat = reshape_to(g, moved, [x.shape[d] for d in rest] + [x.shape[d1] * x.shape[d2]])
+    return g.op("Gather", flat, _diagonal_positions(g, x, offset, d1, d2, out_shape(node)[-1]), axis=-1)
 
 
 @lower(aten.diagonal_scatter.default)
@@ -250,17 +258,16 @@ def diagonal_scatter(g, node, x, src, offset=0, dim1=0, dim2=1):
     rest = [d for d in range(x.rank) if d not in (d1, d2)]
     rows, cols = x.shape[d1], x.shape[d2]
     n = src.shape[-1]
-    if n == 0:
+    if isinstance(n, int) and n == 0:
         return g.op("Identity", x)
     perm = rest + [d1, d2]
     moved = g.op("Transpose", x, perm=perm)
     lead = [x.shape[d] for d in rest]
-    flat = g.op("Reshape", moved, g.ints(lead + [rows * cols]))
-    first_row, first_col = max(-offset, 0), max(offset, 0)
-    positions = torch.tensor([(first_row + i) * cols + first_col + i for i in range(n)], dtype=torch.int64)
-    index = g.op("Expand", g.const(positions.view([1] * len(lead) + [n])), g.ints(lead + [n]))
+    flat = g.op("Reshape", moved, g.shape(lead + [rows * cols]))
+    positions = g.op("Reshape", _diagonal_positions(g, x, offset, d1, d2, n), g.ints([1] * len(lead) + [-1]))
+    index = g.op("Expand", positions, g.shape(lead + [n]))
     written = g.op("ScatterElements", flat, index, g.cast(src, x.dtype), axis=len(lead))
-    back = g.op("Reshape", written, g.ints(lead + [rows, cols]))
+    back = g.op("Reshape", written, g.shape(lead + [rows, cols]))
     return g.op("Transpose", back, perm=[perm.index(d) for d in range(x.rank)])
 
 
