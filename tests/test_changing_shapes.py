@@ -432,6 +432,23 @@ def test_diagonals_with_changing_sizes_and_offsets(case, dynamic):
     assert backend.stats.runs == len(calls) and backend.stats.fallback_ops == {}
 
 
+PADS = [(1, 2, 0, 1), (2, 0, 1, 1), (-1, 2, 1, -2), (0, -2, 3, 0), (3, 1, 2, 2)]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_reflection_and_replication_pads_that_change_with_the_sizes(mode, dynamic):
+    """Pads of either sign (a negative one crops) and input sizes, all changing per call."""
+    torch._dynamo.reset()
+    fn = lambda x, a, b, c, d: F.pad(x, (a, b, c, d), mode=mode) * 1  # noqa: E731
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for k, pads in enumerate(PADS):
+        x = torch.randn(2, 3, 5 + k, 4 + 2 * k)
+        torch.testing.assert_close(compiled(x, *pads), fn(x, *pads), rtol=0, atol=0, msg=lambda m: f"{pads}: {m}")
+    assert backend.stats.fallback_ops == {} and backend.stats.runs == len(PADS)
+
+
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
 def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     """The last window may overhang the input (or start in it only just): aten and ONNX

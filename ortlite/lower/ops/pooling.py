@@ -9,8 +9,8 @@ import operator
 
 import torch
 
-from ..builder import TORCH_TO_ONNX, Value
-from ..registry import lower
+from ..builder import TORCH_TO_ONNX, Value, sym_expr
+from ..registry import lower, meta
 from . import windows
 from .common import any_true, aten, indices_used, arg_val, is_float, is_static, may_be_zero, out_shape
 
@@ -490,12 +490,15 @@ def upsample_interpolate(g, node, x, output_size, align_corners, scale_factors):
     aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default,
 )  # fmt: skip
 def pad_mode(g, node, x, pad):
-    if 0 in out_shape(node):
-        return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
+    pad = [meta(p) for p in node.args[1]]  # symbolic pads as SymInts
     mode = "reflect" if "reflection" in str(node.target) else "edge"
     begins, ends = [0] * x.rank, [0] * x.rank
     for i in range(len(pad) // 2):
         begins[x.rank - 1 - i], ends[x.rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    if not is_static(list(pad) + list(x.shape)):
+        return _pad_by_gather(g, x, begins, ends, mode)
+    if 0 in out_shape(node):
+        return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
     if mode == "reflect" and any(p < 0 for p in pad):
         # aten reflects about the uncropped input: output j reads reflect(j - begin)
         result = x
@@ -512,6 +515,25 @@ def pad_mode(g, node, x, pad):
         starts = [max(-begins[d], 0) for d in crops]
         stops = [ends[d] if ends[d] < 0 else 2**63 - 1 for d in crops]
         result = g.op("Slice", result, g.ints(starts), g.ints(stops), g.ints(crops))
+    return result
+
+
+def _pad_by_gather(g, x: Value, begins: list, ends: list, mode: str) -> str:
+    """Reflection or replication padding with pads or sizes that may be symbolic (of either
+    sign: a negative pad crops): output j along a dim reads source t = j - begin, reflected
+    (|t|, or 2(n - 1) - t past the end) or clamped to [0, n - 1]."""
+    result = x
+    for d in range(x.rank):
+        if isinstance(begins[d], int) and isinstance(ends[d], int) and begins[d] == ends[d] == 0:
+            continue
+        n = sym_expr(x.shape[d])
+        t = g.op("Range", g.sym(-sym_expr(begins[d])), g.sym(n + sym_expr(ends[d])), g.const(1, torch.int64))
+        last = g.sym(n - 1)
+        if mode == "reflect":
+            source = g.op("Where", g.op("Less", t, g.sym(n)), g.op("Abs", t), g.op("Sub", g.op("Add", last, last), t))
+        else:
+            source = g.op("Min", g.op("Max", t, g.const(0, torch.int64)), last)
+        result = g.op("Gather", result, source, axis=d)
     return result
 
 

@@ -11,7 +11,7 @@ from torch.utils._sympy.functions import Max
 
 from ..builder import Value, sym_expr
 from ..registry import lower, meta
-from .common import aten, fills_its_storage, has_contiguous_strides, is_static, may_be_zero, norm_dim, out_dtype, out_shape
+from .common import arg_val, aten, fills_its_storage, has_contiguous_strides, is_static, may_be_zero, norm_dim, out_dtype, out_shape
 
 INT64_MAX = 2**63 - 1
 
@@ -248,6 +248,7 @@ def diagonal(g, node, x, offset=0, dim1=0, dim2=1):
     rest = [d for d in range(x.rank) if d not in (d1, d2)]
     moved = g.op("Transpose", x, perm=rest + [d1, d2])
     flat = reshape_to(g, moved, [x.shape[d] for d in rest] + [x.shape[d1] * x.shape[d2]])
+    offset = arg_val(node, 1, "offset", 0)  # a SymInt where symbolic
     return g.op("Gather", flat, _diagonal_positions(g, x, offset, d1, d2, out_shape(node)[-1]), axis=-1)
 
 
@@ -260,6 +261,7 @@ def diagonal_scatter(g, node, x, src, offset=0, dim1=0, dim2=1):
     n = src.shape[-1]
     if isinstance(n, int) and n == 0:
         return g.op("Identity", x)
+    offset = arg_val(node, 2, "offset", 0)  # a SymInt where symbolic
     perm = rest + [d1, d2]
     moved = g.op("Transpose", x, perm=perm)
     lead = [x.shape[d] for d in rest]
