@@ -449,6 +449,32 @@ def test_reflection_and_replication_pads_that_change_with_the_sizes(mode, dynami
     assert backend.stats.fallback_ops == {} and backend.stats.runs == len(PADS)
 
 
+SEARCHES = {
+    "searchsorted": lambda s, v: torch.searchsorted(s, v) + 0,
+    "searchsorted_right": lambda s, v: torch.searchsorted(s, v, right=True) + 0,
+    "bucketize": lambda s, v: torch.bucketize(v, s) + 0,
+    "batched": lambda s, v: torch.searchsorted(s.expand(3, -1).contiguous(), v.expand(3, -1)) + 0,
+}
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("case", sorted(SEARCHES))
+def test_binary_searches_over_a_sequence_whose_length_changes(case, dynamic):
+    """A symbolic length: the halvings run in a Loop until no search is open."""
+    torch._dynamo.reset()
+    fn = SEARCHES[case]
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for n, m in [(5, 4), (20, 7), (3, 9), (64, 2), (100, 30)]:
+        seq = torch.randint(0, 10, (n,)).sort().values.float()  # ties
+        if n > 10:
+            seq[n // 2] = float("nan")  # unsorted: aten's answer is still defined by its loop
+        values = torch.randint(-1, 12, (m,)).float()
+        got, expected = compiled(seq, values), fn(seq, values)
+        assert torch.equal(got, expected), (n, m)
+    assert backend.stats.fallback_ops == {}
+
+
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
 def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     """The last window may overhang the input (or start in it only just): aten and ONNX

@@ -8,7 +8,9 @@ import math
 
 import torch
 
-from ..builder import TORCH_TO_ONNX, Value
+from torch.utils._sympy.functions import Max
+
+from ..builder import TORCH_TO_ONNX, Value, sym_expr
 from ..registry import lower
 from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, norm_dim, out_dtype, out_shape, same_shape
 
@@ -409,6 +411,10 @@ def _searchsorted_check(node):
     return None
 
 
+def _known_empty(shape) -> bool:
+    return 0 in [d for d in shape if isinstance(d, int)]
+
+
 def _binary_search(g, node, seq: Value, values, right: bool, out_int32: bool):
     """aten's cus_lower_bound / cus_upper_bound, its loop unrolled: the same answer for any
     input, sorted or not, NaN included."""
@@ -424,24 +430,38 @@ def _binary_search(g, node, seq: Value, values, right: bool, out_int32: bool):
         flat, count = values, None
     index_shape = [count] if seq.rank == 1 else list(shape)
     start = g.op("Expand", g.const(0, torch.int64), g.ints(index_shape))
-    end = g.op("Expand", g.const(n, torch.int64), g.ints(index_shape))
-    for _ in range(max(n, 1).bit_length()):
-        active = g.op("Less", start, end)
-        mid = g.op("Add", start, g.op("Div", g.op("Sub", end, start), g.const(2, torch.int64)))
-        at = g.op("Min", mid, g.const(max(n - 1, 0), torch.int64))
-        mid_val = g.op("Gather", seq, at, axis=0) if seq.rank == 1 else g.op("GatherElements", seq, at, axis=-1)
-        keeps_going = g.op("Not", g.op("Greater" if right else "GreaterOrEqual", mid_val, flat))
-        go_right = g.op("And", active, keeps_going)
-        go_left = g.op("And", active, g.op("Not", keeps_going))
-        start = g.op("Where", go_right, g.op("Add", mid, g.const(1, torch.int64)), start)
-        end = g.op("Where", go_left, mid, end)
+    end = g.op("Expand", g.sym(n), g.ints(index_shape))
+    last = g.sym(Max(sym_expr(n) - 1, 0))
+
+    def step(b, start, end):
+        active = b.op("Less", start, end)
+        mid = b.op("Add", start, b.op("Div", b.op("Sub", end, start), b.const(2, torch.int64)))
+        at = b.op("Min", mid, last)
+        mid_val = b.op("Gather", seq, at, axis=0) if seq.rank == 1 else b.op("GatherElements", seq, at, axis=-1)
+        keeps_going = b.op("Not", b.op("Greater" if right else "GreaterOrEqual", mid_val, flat))
+        go_right = b.op("And", active, keeps_going)
+        go_left = b.op("And", active, b.op("Not", keeps_going))
+        start = b.op("Where", go_right, b.op("Add", mid, b.const(1, torch.int64)), start)
+        return start, b.op("Where", go_left, mid, end)
+
+    if isinstance(n, int):  # unrolled: bit_length(n) halvings reach every answer
+        for _ in range(max(n, 1).bit_length()):
+            start, end = step(g, start, end)
+    else:  # halve until no search is open
+
+        def body(b, i, start, end):
+            start, end = step(b, start, end)
+            return [any_true(b, b.op("Less", start, end)), Value(start, torch.int64, ()), Value(end, torch.int64, ())]
+
+        carried = [Value(start, torch.int64, ()), Value(end, torch.int64, ())]
+        start, _ = g.loop(None, any_true(g, g.op("Less", start, end)), carried, body)
     result = g.op("Reshape", start, g.ints(shape)) if seq.rank == 1 else start
     return g.op("Cast", result, to=TORCH_TO_ONNX[torch.int32]) if out_int32 else result
 
 
 @lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar, check=_searchsorted_check)
 def searchsorted(g, node, seq, values, *, out_int32=False, right=False, side=None, sorter=None):
-    if 0 in out_shape(node) or seq.shape[-1] == 0:
+    if _known_empty(out_shape(node)) or _known_empty(seq.shape[-1:]):
         return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
     if sorter is not None:  # aten reads the sequence through sorter
         seq = Value(g.op("GatherElements", seq, g.cast(sorter, torch.int64), axis=-1), seq.dtype, seq.shape)
@@ -450,7 +470,7 @@ def searchsorted(g, node, seq, values, *, out_int32=False, right=False, side=Non
 
 @lower(aten.bucketize.Tensor, aten.bucketize.Scalar, check=_searchsorted_check)
 def bucketize(g, node, values, boundaries, *, out_int32=False, right=False):
-    if 0 in out_shape(node) or boundaries.shape[-1] == 0:
+    if _known_empty(out_shape(node)) or _known_empty(boundaries.shape[-1:]):
         return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
     return _binary_search(g, node, boundaries, values, right, out_int32)
 
