@@ -329,6 +329,9 @@ WHOLE_WITH_CHANGING_SIZES = {
     "avg_pool_ceil": lambda x: F.avg_pool2d(x, 3, 2, ceil_mode=True),
     "avg_pool_ceil_kernel_over_input": lambda x: F.avg_pool2d(x, 16, ceil_mode=True),  # EfficientNet's head
     "adaptive_avg_pool_1": lambda x: F.adaptive_avg_pool2d(x, 1),
+    "adaptive_avg_pool_uneven": lambda x: F.adaptive_avg_pool2d(x, (3, 5)),
+    "adaptive_avg_pool1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 5),
+    "adaptive_avg_pool3d": lambda x: F.adaptive_avg_pool3d(x.unsqueeze(0), (2, 3, 4)),
     "pad": lambda x: F.pad(x, (1, 2, 0, 1)),
     "pad_reflect": lambda x: F.pad(x, (1, 2, 1, 1), mode="reflect"),
     "repeat": lambda x: x.repeat(1, 2, 1, 1),
@@ -472,6 +475,21 @@ def test_binary_searches_over_a_sequence_whose_length_changes(case, dynamic):
         values = torch.randint(-1, 12, (m,)).float()
         got, expected = compiled(seq, values), fn(seq, values)
         assert torch.equal(got, expected), (n, m)
+    assert backend.stats.fallback_ops == {}
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_adaptive_average_pooling_gradients_with_changing_sizes(dynamic):
+    torch._dynamo.reset()
+    fn = lambda x: F.adaptive_avg_pool2d(x, (3, 5)) * 2  # noqa: E731
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for h, w in [(6, 7), (9, 11), (13, 5), (3, 4)]:
+        x = torch.randn(2, 3, h, w, requires_grad=True)
+        cotangent = torch.randn(2, 3, 3, 5)
+        got = torch.autograd.grad(compiled(x), x, cotangent)[0]
+        expected = torch.autograd.grad(fn(x), x, cotangent)[0]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=lambda m: f"{h}x{w}: {m}")
     assert backend.stats.fallback_ops == {}
 
 

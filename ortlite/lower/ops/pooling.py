@@ -330,12 +330,30 @@ def _adaptive_matrix(size: int, out: int) -> torch.Tensor:
     return m
 
 
+def _adaptive_weights(g, size, out, dtype: torch.dtype, transposed: bool = False) -> Value:
+    """_adaptive_matrix as a Value of dtype; computed in the graph where a size is symbolic:
+    window i is [floor(i * size / out), ceil((i + 1) * size / out))."""
+    if isinstance(size, int) and isinstance(out, int):
+        m = _adaptive_matrix(size, out)
+        return g.const(m.t() if transposed else m, dtype)
+    i64 = lambda v: g.const(v, torch.int64)  # noqa: E731
+    size_, out_ = g.sym(size), g.sym(out)
+    rows = g.op("Unsqueeze", g.op("Range", i64(0), out_, i64(1)), g.ints([1]))  # (out, 1)
+    cols = g.op("Range", i64(0), size_, i64(1))  # (size,)
+    start = g.op("Div", g.op("Mul", rows, size_), out_)
+    end = g.op("Div", g.op("Add", g.op("Mul", g.op("Add", rows, i64(1)), size_), g.op("Sub", out_, i64(1))), out_)
+    inside = g.op("And", g.op("GreaterOrEqual", cols, start), g.op("Less", cols, end))
+    share = g.op("Div", g.const(1.0, torch.float64), g.op("Cast", g.op("Sub", end, start), to=TORCH_TO_ONNX[torch.float64]))
+    m = g.op("Cast", g.op("Where", inside, share, g.const(0.0, torch.float64)), to=TORCH_TO_ONNX[dtype])
+    return Value(g.op("Transpose", m, perm=[1, 0]) if transposed else m, dtype, (size, out) if transposed else (out, size))
+
+
 def _adaptive_check(node):
     x = arg_val(node, 0)
     spatial = 2 if node.target in (aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d_backward.default, aten.adaptive_max_pool2d.default) else 3
     if node.target is aten._adaptive_avg_pool2d_backward.default:
         x = arg_val(node, 1)
-    if x.dim() not in (spatial + 1, spatial + 2) or 0 in x.shape[-spatial:]:
+    if x.dim() not in (spatial + 1, spatial + 2) or any(may_be_zero(d) for d in x.shape[-spatial:]):
         return "input rank or empty planes"
     if not is_float(x.dtype):
         return "non-float input"
@@ -347,36 +365,39 @@ def _adaptive_check(node):
 
 
 
-def _along_axes(g, x: Value, matrices: list[torch.Tensor]) -> str:
-    """x with its last len(matrices) axes each multiplied by a matrix (out_i, in_i)."""
+def _along_axes(g, x: Value, matrices: list) -> str:
+    """x with its last len(matrices) axes each multiplied by a matrix (out_i, in_i): a torch
+    tensor, or a Value already transposed to (in_i, out_i)."""
     result, rank = x, x.rank
     spatial = len(matrices)
     for i, m in enumerate(matrices):
         axis = rank - spatial + i
         perm = [d for d in range(rank) if d != axis] + [axis]
         moved = g.op("Transpose", result, perm=perm) if axis != rank - 1 else result
-        multiplied = g.op("MatMul", moved, g.const(m.t().contiguous(), x.dtype))
+        weights = m if isinstance(m, Value) else g.const(m.t().contiguous(), x.dtype)
+        multiplied = g.op("MatMul", moved, weights)
         result = g.op("Transpose", multiplied, perm=[perm.index(d) for d in range(rank)]) if axis != rank - 1 else multiplied
     return result
 
 
 @lower(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default, check=_adaptive_check)
 def adaptive_avg_pool(g, node, x, output_size):
+    output_size = [meta(o) for o in node.args[1]]  # SymInts where symbolic
     spatial = len(output_size)
     sizes = x.shape[-spatial:]
-    if 0 in out_shape(node):
-        return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
-    if all(s % o == 0 for s, o in zip(sizes, output_size)):
+    if 0 in [d for d in out_shape(node) if isinstance(d, int)]:
+        return g.op("Expand", g.const(0, x.dtype), g.shape(out_shape(node)))
+    if is_static(list(sizes) + output_size) and all(s % o == 0 for s, o in zip(sizes, output_size)):
         x4, unbatched = _batched(g, x, spatial)
         kernel = [s // o for s, o in zip(sizes, output_size)]
         return _unbatch(g, g.op("AveragePool", x4, kernel_shape=kernel, strides=kernel), unbatched)
-    return _along_axes(g, x, [_adaptive_matrix(s, o) for s, o in zip(sizes, output_size)])
+    return _along_axes(g, x, [_adaptive_weights(g, s, o, x.dtype, transposed=True) for s, o in zip(sizes, output_size)])
 
 
 @lower(aten._adaptive_avg_pool2d_backward.default, check=_adaptive_check)
 def adaptive_avg_pool2d_backward(g, node, grad, x):
     sizes = x.shape[-2:]
-    return _along_axes(g, grad, [_adaptive_matrix(s, o).t() for s, o in zip(sizes, grad.shape[-2:])])
+    return _along_axes(g, grad, [_adaptive_weights(g, s, o, grad.dtype) for s, o in zip(sizes, grad.shape[-2:])])
 
 
 def _windows(size: int, out: int) -> torch.Tensor:
