@@ -620,3 +620,16 @@ def test_as_strided_of_a_transposed_result_with_changing_sizes(dynamic):
     for n in (3, 5, 4, 7):
         x = torch.randn(2, n)
         torch.testing.assert_close(compiled(x), fn(x), msg=lambda m: f"{n}: {m}")
+
+
+def test_an_attribute_known_only_at_run_time_is_a_lowering_error_not_an_invalid_model():
+    """ONNX attributes are numbers: a lowering that passes a run-time value (a symbolic int
+    argument's graph input) must fail at lowering, so that only its node goes to torch
+    (it used to build a model with string attributes that failed the whole graph)."""
+    from ortlite.lower.builder import GraphBuilder, SymbolicShapeError, Value
+
+    g = GraphBuilder("g", 20)
+    x, pad = Value("x", torch.float32, (1, 1, 4, 4)), Value("pad", torch.int64, ())
+    with pytest.raises(SymbolicShapeError, match="Conv needs its pads as a number"):
+        g.op("Conv", x, x, pads=[pad, 0, pad, 0])
+    assert g.op("Conv", x, x, pads=[1, 0, 1, 0])  # numbers are fine

@@ -108,6 +108,12 @@ def _canonical(expr: sympy.Expr) -> sympy.Expr:
     return expr.replace(lambda e: isinstance(e, sympy.Add), rewrite)
 
 
+def _holds_graph_value(attr) -> bool:
+    if isinstance(attr, (Value, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    return isinstance(attr, (list, tuple)) and any(_holds_graph_value(a) for a in attr)
+
+
 class GraphBuilder:
     def __init__(self, name: str, opset: int):
         self.name = name
@@ -148,6 +154,9 @@ class GraphBuilder:
         """Add a node; returns its output name (or a tuple of names when outputs > 1)."""
         names = [self.fresh(op_type.lower()) for _ in range(outputs)]
         attrs = {k: v for k, v in attrs.items() if v is not None}
+        for key, value in attrs.items():
+            if _holds_graph_value(value):  # a value known only at run time: ONNX wants a number
+                raise SymbolicShapeError(f"{op_type} needs its {key} as a number, got the run-time value {value!r}")
         inputs = list(inputs)
         while inputs and inputs[-1] is None:  # trailing optional inputs are left out, not ""
             inputs.pop()
