@@ -24,6 +24,7 @@ from .options import Options
 from .partition import alias_views_to_torch, fallback_counts, is_fallback, op_name, partition, storage_readers_see_eager_storage, unsupported_nodes
 from .runner import runner_for
 from .session import SessionCache
+from .specialize import Specializing, scalar_arguments, with_values
 
 _graph_ids = itertools.count()
 
@@ -108,15 +109,46 @@ class Backend:
             return make_boxed_func(gm)
         return self._compile(gm, f"{kind}_{next(_graph_ids)}", boxed=True)
 
-    def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool):
+    def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool, specialize: bool = True):
+        # under fallback="error", refused only once no variant could run what is left to torch
+        compiled, runners, unsupported = self._compile_parts(gm, name, boxed, refuse=not specialize)
+        blocked = {n: reason for n, reason in unsupported.items() if is_fallback(n, reason)}
+        positions = scalar_arguments(gm, blocked) if specialize else {}
+        if positions:  # nodes left to torch for want of numbers that arguments hold
+            specializing = self._specializing(gm, name, blocked, positions, compiled if not boxed else lambda *args: compiled(list(args)), runners, unsupported)
+            return make_boxed_func(specializing) if boxed else specializing
+        self._refuse(unsupported)
+        self._adopt(runners, unsupported)
+        return compiled
+
+    def _specializing(self, gm, name, blocked, positions, generic_run, generic_runners, generic_unsupported) -> Specializing:
+        """gm compiled per set of values of the arguments at `positions` (see specialize.py);
+        the generic compile serves past the variant limit."""
+        variants = itertools.count()
+
+        def compile_variant(values):
+            variant = with_values(gm, blocked, values)
+            run, runners, unsupported = self._compile_parts(variant, f"{name}_v{next(variants)}", boxed=False)
+            self._adopt(runners, unsupported)
+            still_blocked = {n.name for n, reason in unsupported.items() if is_fallback(n, reason)}
+            return run, not still_blocked & {n.name for n in blocked}
+
+        def generic():
+            self._refuse(generic_unsupported)
+            self._adopt(generic_runners, generic_unsupported)
+            return generic_run
+
+        return Specializing(positions, compile_variant, generic, name)
+
+    def _compile_parts(self, gm: torch.fx.GraphModule, name: str, boxed: bool, refuse: bool = True):
+        """(callable, its runners, nodes left to torch with why) for gm."""
         # nodes found unrunnable while building sessions or running them, by op and dtypes
         excluded = {n.name: self._failing[op_signature(n)] for n in _calls(gm) if op_signature(n) in self._failing}
         # Compilers run inside aot_autograd's fake mode; constants and buffers must be real.
         with unset_fake_temporarily():
             while True:
                 try:
-                    compiled, runners, unsupported = self._compile_once(gm, name, excluded, boxed)
-                    break
+                    return self._compile_once(gm, name, excluded, boxed, refuse)
                 except (MissingKernel, NodeNotLowered) as e:
                     if e.node in excluded:
                         raise
@@ -125,10 +157,12 @@ class Backend:
                     for n in gm.graph.nodes:
                         if n.op == "call_function" and op_signature(n) == op_signature(culprit):
                             excluded[n.name] = e.reason
+
+    def _adopt(self, runners: list, unsupported: dict) -> None:
+        """Count a compiled graph's runners and warn about what it leaves to torch."""
         self._left_to_torch(unsupported)
         self._graphs += len(runners)
         self._runners.extend(runners)
-        return compiled
 
     def _after_run_failure(self, gm, name, node_origin, error):
         """A runner's ORT run failed: from now on its graph runs as compiled again without
@@ -145,14 +179,19 @@ class Backend:
             compiled = gm
         else:  # the warning comes from _left_to_torch, with the op and reason
             self._failing[op_signature(culprit)] = f"ONNX Runtime failed running it: {reason}"
-            compiled = self._compile(gm, f"{name}_retry", boxed=False)
+            compiled = self._compile(gm, f"{name}_retry", boxed=False, specialize=False)
         return compiled
 
-    def _compile_once(self, gm, name, excluded, boxed):
-        unsupported = unsupported_nodes(gm, excluded)
+    def _refuse(self, unsupported: dict) -> None:
+        """Under fallback="error": raise for work left to torch."""
         if self.options.fallback == "error" and any(is_fallback(n, r) for n, r in unsupported.items()):
             details = sorted({f"{n.target} ({reason})" for n, reason in unsupported.items() if is_fallback(n, reason)})
             raise UnsupportedError(f"ortlite cannot run these ops in ONNX Runtime: {', '.join(details)}")
+
+    def _compile_once(self, gm, name, excluded, boxed, refuse=True):
+        unsupported = unsupported_nodes(gm, excluded)
+        if refuse:
+            self._refuse(unsupported)
         box = make_boxed_func if boxed else (lambda f: f)
         if not unsupported:
             runner = self._runner_or_none(gm, name, boxed=boxed)

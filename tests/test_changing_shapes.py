@@ -633,3 +633,77 @@ def test_an_attribute_known_only_at_run_time_is_a_lowering_error_not_an_invalid_
     with pytest.raises(SymbolicShapeError, match="Conv needs its pads as a number"):
         g.op("Conv", x, x, pads=[pad, 0, pad, 0])
     assert g.op("Conv", x, x, pads=[1, 0, 1, 0])  # numbers are fine
+
+
+# --- graphs compiled for the values of int and float arguments --------------------------
+
+
+def _conv_norm_linspace(x, w, stride, pad, order):
+    return F.conv2d(x, w, stride=stride, padding=pad), torch.linalg.vector_norm(x, order), torch.linspace(0, order, stride)
+
+
+def test_int_and_float_arguments_that_must_be_numbers_get_a_graph_per_value():
+    """dynamic=True makes a conv's padding, a norm's order, linspace's bounds symbolic;
+    ONNX needs them as numbers: one variant per set of values, checked every call."""
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(_conv_norm_linspace, backend=backend, dynamic=True)
+    calls = [(2, 1, 1.5), (2, 2, 1.5), (3, 0, 2.0), (2, 1, 1.5), (3, 2, 3.5), (2, 2, 1.5)]
+    for stride, pad, order in calls:
+        args = (torch.randn(1, 3, 9, 8), torch.randn(4, 3, 3, 3), stride, pad, order)
+        for got, expected in zip(compiled(*args), _conv_norm_linspace(*args)):
+            torch.testing.assert_close(got, expected, msg=lambda m: f"{stride, pad, order}: {m}")
+    assert backend.stats.fallback_ops == {}
+    assert backend.stats.runs == len(calls)
+    assert backend.stats.graphs == len(set(calls))  # a variant per distinct set of values
+
+
+def test_past_the_variant_limit_new_values_run_in_torch_still_right(monkeypatch, caplog):
+    from ortlite import specialize
+
+    monkeypatch.setattr(specialize, "MAX_VARIANTS", 2)
+    torch._dynamo.reset()
+    backend = ortlite.Backend()
+    fn = lambda x, w, pad: F.conv1d(x, w, padding=pad)  # noqa: E731
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    with caplog.at_level("WARNING", logger="ortlite"):
+        for pad in (10, 11, 12, 13, 11, 14):  # (not 0 or 1, which Dynamo specializes, nor a size: duck sizing)
+            x, w = torch.randn(1, 2, 7), torch.randn(3, 2, 3)
+            torch.testing.assert_close(compiled(x, w, pad), fn(x, w, pad))
+    assert backend.stats.graphs == 2  # the two variants; pads 12, 13, 14 ran the conv in torch
+    assert backend.stats.fallback_ops == {"aten.convolution.default": 1}
+    assert sum("compiled for 2 sets of values" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_variant_key_tells_minus_zero_and_bools_apart():
+    from ortlite.specialize import _key
+
+    assert _key(0.0) != _key(-0.0) and _key(1) != _key(True) and _key(1) != _key(1.0)
+    assert _key(float("nan")) == _key(float("nan"))  # the same bits: the same graph serves
+
+
+def test_sizes_are_not_specialized():
+    """A node left to torch that takes a tensor's size does not make a graph per size."""
+    torch._dynamo.reset()
+    backend = ortlite.Backend()
+    fn = lambda x: torch.special.airy_ai(x) + x.new_zeros(x.shape[0]).sum()  # noqa: E731
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for n in (3, 4, 5, 6):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert backend.stats.graphs <= 2  # one symbolic graph (and its split around airy_ai)
+
+
+def test_conv_gradients_with_a_symbolic_padding():
+    torch._dynamo.reset()
+    backend = ortlite.Backend()
+    fn = lambda x, w, pad: F.conv2d(x, w, padding=pad).tanh()  # noqa: E731
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for pad, h in ((1, 6), (2, 7), (0, 9)):
+        x, w = torch.randn(2, 3, h, 5, requires_grad=True), torch.randn(4, 3, 3, 3, requires_grad=True)
+        got = torch.autograd.grad(compiled(x, w, pad).sum(), (x, w))
+        expected = torch.autograd.grad(fn(x, w, pad).sum(), (x, w))
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    # the forward conv runs in ONNX Runtime, a variant per padding; the backward's sizes
+    # depend on the padding's symbol (its check cannot rule out empty gradients): torch
+    assert set(backend.stats.fallback_ops) <= {"aten.convolution_backward.default"}
