@@ -135,6 +135,7 @@ cdef class Runner:
     cdef Py_ssize_t recycle_max_bytes
     cdef list failure_outputs   # ORT output indices of 0-d bool (CPU) conditions: raise when true
     cdef list failure_messages
+    cdef list failure_to_torch  # per condition: fail the run (on_run_failure) rather than raise
     cdef public long runs
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
     cdef object replacement     # that callable, once ORT has failed: calls go to it
@@ -159,8 +160,9 @@ cdef class Runner:
         stream_of, session_for: for graphs on CUDA. ORT fixes a session's compute stream
             when it is made, so each torch stream the graph is called on gets its own
             session (made by session_for on first use); stream_of() names the current one.
-        failures: (ORT output index, message) per 0-d bool CPU output that, when true after
-            a run, makes the call raise RuntimeError(message) (aten's runtime errors).
+        failures: (ORT output index, message, to_torch) per 0-d bool CPU output that, when
+            true after a run, makes the call raise RuntimeError(message) (aten's runtime
+            errors), or, to_torch, fail the run as ORT failing at the node the message names.
         on_run_failure (attribute): when ORT fails a run, called with the RunError; what it
             returns takes (*args) and runs the graph from then on, this call included.
             None: the RunError is raised."""
@@ -209,6 +211,7 @@ cdef class Runner:
         self.all_tensors = len(self.tensor_indices) == self.n_args
         self.failure_outputs = [f[0] for f in failures]
         self.failure_messages = [f[1] for f in failures]
+        self.failure_to_torch = [f[2] for f in failures]
 
     cdef _Binding _new_binding(self):
         cdef _Binding b = _Binding()
@@ -273,7 +276,7 @@ cdef class Runner:
                 if self.sizes_fn is not None:
                     self._take_ort_allocated(b, outs)
                 if self.failure_outputs:
-                    self._raise_failures(outs)
+                    failed = self._raise_failures(outs)
         finally:
             b.pool.append(b)  # its own session's pool, even if another thread switched streams
         if failed is not None:
@@ -287,12 +290,19 @@ cdef class Runner:
         return results if self.returns_tuple else results[0]
 
     cdef _raise_failures(self, list outs):
+        """Raises aten's runtime error of a true condition; returns a RunError for a true
+        to-torch condition (the results are not aten's: torch computes them), else None."""
         cdef Py_ssize_t k
         cdef uintptr_t p
         for k in range(len(self.failure_outputs)):
             p = outs[<Py_ssize_t>self.failure_outputs[k]].data_ptr()
+            if (<char*>p)[0] and self.failure_to_torch[k]:
+                return RunError(f"ortlite: graph {self.name} cannot give aten's result for these inputs, {self.failure_messages[k]}")
+        for k in range(len(self.failure_outputs)):
+            p = outs[<Py_ssize_t>self.failure_outputs[k]].data_ptr()
             if (<char*>p)[0]:
                 raise RuntimeError(self.failure_messages[k])
+        return None
 
     cdef _take_ort_allocated(self, _Binding b, list outs):
         """Outputs ORT allocated (None in outs) become torch tensors through DLPack. (No

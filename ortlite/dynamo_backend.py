@@ -178,7 +178,8 @@ class Backend:
             warn_once(f"ortlite: graph {name} runs in torch from now on: {message}")
             compiled = gm
         else:  # the warning comes from _left_to_torch, with the op and reason
-            self._failing[op_signature(culprit)] = f"ONNX Runtime failed running it: {reason}"
+            why = reason if "FallbackCheck node" in message else f"ONNX Runtime failed running it: {reason}"
+            self._failing[op_signature(culprit)] = why
             compiled = self._compile(gm, f"{name}_retry", boxed=False, specialize=False)
         return compiled
 

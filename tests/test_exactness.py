@@ -301,3 +301,41 @@ def test_linspace_matches_aten_not_its_decomposition():
     s, e = torch.tensor(-1.5), torch.tensor(7.25)
     check_lowered(lambda s, e: (torch.linspace(s, e, 9), torch.linspace(s, 3.0, 4), torch.linspace(2.0, e, 1)), s, e)
     check_fallback(lambda s, e: torch.linspace(s, e, 50, dtype=torch.int64), torch.tensor(4.3), torch.tensor(0), op="aten.linspace.Tensor_Tensor")
+
+
+# -- window ops in matrix form: a NaN or infinity stays in its own windows ---------------
+
+
+WINDOW_MATRIX_OPS = {
+    "adaptive_avg_pool2d": lambda x: F.adaptive_avg_pool2d(x, (3, 5)),
+    "adaptive_avg_pool1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOW_MATRIX_OPS))
+def test_non_finite_inputs_of_matrix_form_window_ops_run_in_torch(case, caplog):
+    """As a matrix product a NaN or inf would reach every output of its row (0 * inf is
+    NaN); aten's kernel keeps it in its windows. The graph checks its input each call: one
+    with a NaN or inf runs that op in torch from then on, that call included."""
+    fn = WINDOW_MATRIX_OPS[case]
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend)
+    x = torch.randn(2, 3, 6, 7)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert backend.stats.fallback_ops == {}  # finite: in ONNX Runtime
+    odd = x.clone()
+    odd[0, 0, 1, 1], odd[1, 2, 4, 4], odd[1, 1, 0, 6] = float("nan"), float("inf"), -float("inf")
+    with caplog.at_level("WARNING", logger="ortlite"):
+        torch.testing.assert_close(compiled(odd), fn(odd), equal_nan=True)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert len(backend.stats.fallback_ops) == 1
+    assert any("NaN or infinity" in r.getMessage() for r in caplog.records)
+
+
+def test_a_non_finite_input_of_a_matrix_form_window_op_is_a_run_error_ahead_of_time():
+    compiled = ortlite.compile(torch.nn.AdaptiveAvgPool2d((3, 5)), (torch.randn(2, 3, 6, 7),))
+    x = torch.randn(2, 3, 6, 7)
+    torch.testing.assert_close(compiled(x), F.adaptive_avg_pool2d(x, (3, 5)))
+    x[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ortlite.RunError, match="NaN or infinity"):
+        compiled(x)

@@ -65,7 +65,9 @@ class LoweredGraph:
     symbols: dict = dataclasses.field(default_factory=dict)
     symbol_ranges: dict = dataclasses.field(default_factory=dict)  # symbol -> (min, max or None)
     disabled_optimizers: tuple = ()  # ORT graph optimizations that would change results here
-    failures: list = dataclasses.field(default_factory=list)  # (ORT output index, message): raise when true
+    # (ORT output index, message, to torch) per 0-d bool output: when true, raise the message
+    # (as aten raises), or, to torch, fail the run at the node the message names
+    failures: list = dataclasses.field(default_factory=list)
 
 
 def _scalar_kind(val) -> str | None:
@@ -141,8 +143,8 @@ def lower_graph(
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
     failures = []
-    for condition, message in g.failures:  # extra 0-d bool outputs, read by the runner
-        failures.append((len(ort_outputs), message))
+    for condition, message, to_torch in g.failures:  # extra 0-d bool outputs, read by the runner
+        failures.append((len(ort_outputs), message, to_torch))
         g.add_output(condition, torch.bool, ())
         ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
     ranges.update(symbol_ranges or {})

@@ -133,13 +133,22 @@ class GraphBuilder:
         self.shape_env = None  # the ShapeEnv of the graph's symbols (value ranges, simplification)
         self._sym_values: dict[sympy.Expr, Value] = {}
         self.dtypes: set[torch.dtype] = set()  # of inputs, outputs, constants and casts
-        self.failures: list[tuple[str, str]] = []  # (0-d bool value, message): see fail_if
+        self.failures: list[tuple[str, str, bool]] = []  # (0-d bool value, message, to torch): fail_if, fallback_if
 
     def fail_if(self, condition: str, message: str) -> None:
         """Make the call raise RuntimeError(message) when the 0-d bool `condition` is true at
         run time, as aten raises (e.g. integer division by zero). The runner reads each
         condition after the run, before any result is handed back."""
-        self.failures.append((condition, message))
+        self.failures.append((condition, message, False))
+
+    def fallback_if(self, condition: str, reason: str) -> None:
+        """When the 0-d bool `condition` is true at run time, the node being lowered cannot
+        give aten's result for these inputs (e.g. a NaN its matrix form would spread): the
+        run counts as failed at that node, which runs in torch from then on, this call
+        included (see Backend._after_run_failure; ortlite.compile raises RunError)."""
+        check = self.fresh(f"{self.current_origin}__FallbackCheck")
+        self.node_origin[check] = self.current_origin
+        self.failures.append((condition, f"while running FallbackCheck node. Name:'{check}' Status Message: {reason}", True))
 
     def fresh(self, hint: str) -> str:
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
@@ -370,6 +379,9 @@ class _BodyBuilder(GraphBuilder):
 
     def fail_if(self, condition, message):
         raise NotImplementedError("fail_if inside a loop body")
+
+    def fallback_if(self, condition, reason):
+        raise NotImplementedError("fallback_if inside a loop body")
 
 
 def to_tensor_proto(tensor: torch.Tensor, name: str) -> onnx.TensorProto:

@@ -330,12 +330,11 @@ def _adaptive_matrix(size: int, out: int) -> torch.Tensor:
     return m
 
 
-def _adaptive_weights(g, size, out, dtype: torch.dtype, transposed: bool = False) -> Value:
-    """_adaptive_matrix as a Value of dtype; computed in the graph where a size is symbolic:
-    window i is [floor(i * size / out), ceil((i + 1) * size / out))."""
+def _adaptive_windows(g, size, out) -> Value:
+    """(out, size) bool: aten's adaptive window of each output, [floor(i * size / out),
+    ceil((i + 1) * size / out)); computed in the graph where a size is symbolic."""
     if isinstance(size, int) and isinstance(out, int):
-        m = _adaptive_matrix(size, out)
-        return g.const(m.t() if transposed else m, dtype)
+        return g.const(_windows(size, out))
     i64 = lambda v: g.const(v, torch.int64)  # noqa: E731
     size_, out_ = g.sym(size), g.sym(out)
     rows = g.op("Unsqueeze", g.op("Range", i64(0), out_, i64(1)), g.ints([1]))  # (out, 1)
@@ -343,8 +342,17 @@ def _adaptive_weights(g, size, out, dtype: torch.dtype, transposed: bool = False
     start = g.op("Div", g.op("Mul", rows, size_), out_)
     end = g.op("Div", g.op("Add", g.op("Mul", g.op("Add", rows, i64(1)), size_), g.op("Sub", out_, i64(1))), out_)
     inside = g.op("And", g.op("GreaterOrEqual", cols, start), g.op("Less", cols, end))
-    share = g.op("Div", g.const(1.0, torch.float64), g.op("Cast", g.op("Sub", end, start), to=TORCH_TO_ONNX[torch.float64]))
-    m = g.op("Cast", g.op("Where", inside, share, g.const(0.0, torch.float64)), to=TORCH_TO_ONNX[dtype])
+    return Value(inside, torch.bool, (out, size))
+
+
+def _adaptive_weights(g, size, out, dtype: torch.dtype, transposed: bool = False) -> Value:
+    """_adaptive_matrix as a Value of dtype, computed in the graph where a size is symbolic."""
+    if isinstance(size, int) and isinstance(out, int):
+        m = _adaptive_matrix(size, out)
+        return g.const(m.t() if transposed else m, dtype)
+    inside = _adaptive_windows(g, size, out)
+    count = g.op("ReduceSum", g.op("Cast", inside, to=TORCH_TO_ONNX[torch.float64]), g.ints([1]), keepdims=1)
+    m = g.op("Cast", g.op("Where", inside, g.op("Div", g.const(1.0, torch.float64), count), g.const(0.0, torch.float64)), to=TORCH_TO_ONNX[dtype])
     return Value(g.op("Transpose", m, perm=[1, 0]) if transposed else m, dtype, (size, out) if transposed else (out, size))
 
 
@@ -360,6 +368,8 @@ def _adaptive_check(node):
     if node.target in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default) and indices_used(node):
         if x.dtype not in (torch.float32, torch.float64):
             return "adaptive max-pool indices of half precision"
+        if not is_static(list(x.shape) + list(out_shape(node))):
+            return "adaptive max-pool indices with symbolic sizes"
         return _int_window_check(x, out_shape(node)[-spatial:], [-(-s // o) + 1 for s, o in zip(x.shape[-spatial:], out_shape(node)[-spatial:])], spatial)
     return None
 
@@ -367,7 +377,11 @@ def _adaptive_check(node):
 
 def _along_axes(g, x: Value, matrices: list) -> str:
     """x with its last len(matrices) axes each multiplied by a matrix (out_i, in_i): a torch
-    tensor, or a Value already transposed to (in_i, out_i)."""
+    tensor, or a Value already transposed to (in_i, out_i). A NaN or infinity would reach
+    every output of its row through the zeros (0 * inf is NaN), where aten's windowed kernels
+    touch only their own window: inputs holding one run in torch."""
+    nonfinite = g.op("Or", g.op("IsNaN", x), g.op("IsInf", x))
+    g.fallback_if(any_true(g, nonfinite), "a NaN or infinity in the input of a matrix-form window op")
     result, rank = x, x.rank
     spatial = len(matrices)
     for i, m in enumerate(matrices):
@@ -410,10 +424,11 @@ def _windows(size: int, out: int) -> torch.Tensor:
 
 @lower(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default, check=_adaptive_check)
 def adaptive_max_pool(g, node, x, output_size):
+    output_size = [meta(o) for o in node.args[1]]  # SymInts where symbolic
     spatial = len(output_size)
-    if 0 in out_shape(node):
-        empty = g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
-        return empty, g.op("Expand", g.const(0, torch.int64), g.ints(out_shape(node)))
+    if 0 in [d for d in out_shape(node) if isinstance(d, int)]:
+        empty = g.op("Expand", g.const(0, x.dtype), g.shape(out_shape(node)))
+        return empty, g.op("Expand", g.const(0, torch.int64), g.shape(out_shape(node)))
     if indices_used(node):
         x, unbatched = _batched(g, x, spatial)
         sizes = list(x.shape[-spatial:])
@@ -425,7 +440,7 @@ def adaptive_max_pool(g, node, x, output_size):
     result, has_nan = x, nan
     for i, (size, out) in enumerate(zip(x.shape[-spatial:], output_size)):
         axis = x.rank - spatial + i
-        window = g.const(_windows(size, out).view([out, size] + [1] * (x.rank - axis - 1)))
+        window = g.op("Reshape", _adaptive_windows(g, size, out), g.ints([0, 0] + [1] * (x.rank - axis - 1)))
         lowest = g.const(float("-inf"), x.dtype)
         result = g.op("ReduceMax", g.op("Where", window, g.op("Unsqueeze", result, g.ints([axis])), lowest), g.ints([axis + 1]), keepdims=0)
         has_nan = g.op("ReduceMax", g.op("Where", window, g.op("Unsqueeze", has_nan, g.ints([axis])), g.const(0, x.dtype)), g.ints([axis + 1]), keepdims=0)
