@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from ..builder import Value
+from torch.utils._sympy.functions import Min
+
+from ..builder import Value, sym_expr
 from ..registry import lower
-from .common import aten, arg_val, indices_used, norm_dim, out_shape
+from .common import any_true, aten, arg_val, indices_used, norm_dim, out_shape
 
 WIDER = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
@@ -36,26 +38,42 @@ def _check(node):
         is_sorted = node.args[5] if len(node.args) > 5 else node.kwargs.get("sorted", True)
         if not is_sorted and k > 1:
             return "topk(sorted=False): aten's order is unspecified"
-    stable = node.target is aten.sort.stable and node.kwargs.get("stable")
-    if indices_used(node) and not stable:
-        return "indices of equal values: aten's order is unspecified (only stable=True sorts are reproducible)"
     return None
 
 
-def _topk(g, node, x: Value, k: int, dim: int, largest: bool):
+def _tie_order_matters(node) -> bool:
+    """Would equal values make aten's indices differ from TopK's (lower index first)? Only
+    a stable sort promises that order; std::sort and std::partial_sort leave it open."""
+    stable = node.target is aten.sort.stable and node.kwargs.get("stable")
+    return indices_used(node) and not stable
+
+
+def _topk(g, node, x: Value, k, dim: int, largest: bool):
     values_shape = out_shape(node)
     if x.rank == 0:
         return g.op("Identity", x), g.op("Identity", g.const(0, torch.int64))
     axis = norm_dim(dim, x.rank)
-    if 0 in values_shape:
-        return g.op("Expand", g.const(0, x.dtype), g.ints(values_shape)), g.op("Expand", g.const(0, torch.int64), g.ints(values_shape))
-    _, indices = g.op("TopK", _sort_key(g, x), g.ints([k]), axis=axis, largest=int(largest), sorted=1, outputs=2)
+    if 0 in [d for d in values_shape if isinstance(d, int)]:
+        return g.op("Expand", g.const(0, x.dtype), g.shape(values_shape)), g.op("Expand", g.const(0, torch.int64), g.shape(values_shape))
+    key = _sort_key(g, x)
+    n = x.shape[axis]
+    if _tie_order_matters(node):
+        # the k + 1 largest keys strictly ordered: then every algorithm picks the same
+        # indices in the same order, aten's included; equal ones: torch computes this call
+        m = sym_expr(k) + 1
+        m = Min(m, sym_expr(n)) if not (m.is_Integer and isinstance(n, int)) else min(int(m), n)
+        top, _ = g.op("TopK", key, g.shape([m]), axis=axis, largest=int(largest), sorted=1, outputs=2)
+        ends = g.shape([m])
+        earlier = g.op("Slice", top, g.ints([0]), g.op("Sub", ends, g.ints([1])), g.ints([axis]))
+        later = g.op("Slice", top, g.ints([1]), ends, g.ints([axis]))
+        g.fallback_if(any_true(g, g.op("Equal", earlier, later)), "equal values, whose order in the indices aten leaves unspecified")
+    _, indices = g.op("TopK", key, g.shape([k]), axis=axis, largest=int(largest), sorted=1, outputs=2)
     return g.op("GatherElements", x, indices, axis=axis), indices
 
 
 @lower(aten.topk.default, check=_check)
 def topk(g, node, x, k, dim=-1, largest=True, sorted=True):
-    return _topk(g, node, x, k, dim, largest)
+    return _topk(g, node, x, arg_val(node, 1), dim, largest)  # k: a SymInt where symbolic
 
 
 @lower(aten.sort.default, check=_check)
