@@ -493,6 +493,25 @@ def test_adaptive_average_pooling_gradients_with_changing_sizes(dynamic):
     assert backend.stats.fallback_ops == {}
 
 
+INT_ARGUMENT_OPS = {
+    "unfold": lambda x, a, b: x.unfold(1, a, b) * 1,
+    "nonzero_static": lambda x, a, b: torch.nonzero_static(x > 0.5, size=a + b) + 0,
+}
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("case", sorted(INT_ARGUMENT_OPS))
+def test_window_and_size_arguments_that_change_between_calls(case, dynamic):
+    torch._dynamo.reset()
+    fn = INT_ARGUMENT_OPS[case]
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for n, a, b in [(10, 3, 2), (13, 4, 3), (9, 2, 5), (20, 6, 4)]:
+        x = torch.randn(3, n)
+        assert torch.equal(compiled(x, a, b), fn(x, a, b)), (n, a, b)
+    assert backend.stats.fallback_ops == {}
+
+
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
 def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     """The last window may overhang the input (or start in it only just): aten and ONNX

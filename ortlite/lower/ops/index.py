@@ -497,16 +497,19 @@ def nonzero_static(g, node, x, *, size, fill_value=-1):
     # nonzeros is still <= k
     n = math.prod(x.shape)
     shape = out_shape(node)
-    if 0 in shape:
+    size = arg_val(node, 1, "size")  # a SymInt where symbolic
+    if _known_empty(shape):
         return g.op("Expand", g.const(0, torch.int64), g.ints(shape))
-    if n == 0:
+    if isinstance(n, int) and n == 0:
         return g.op("Expand", g.const(fill_value, torch.int64), g.ints(shape))
-    mask = g.op("Cast", g.op("Reshape", g.cast(x, torch.bool), g.ints([1, n])), to=TORCH_TO_ONNX[torch.int64])
+    mask = g.op("Cast", g.op("Reshape", g.cast(x, torch.bool), g.shape([1, n])), to=TORCH_TO_ONNX[torch.int64])
     running = g.op("CumSum", mask, g.const(1, torch.int64))
-    k = g.const(torch.arange(size, dtype=torch.int64).view(size, 1))
+    k = g.op("Unsqueeze", g.op("Range", g.const(0, torch.int64), g.sym(size), g.const(1, torch.int64)), g.ints([1]))
     flat = g.op("ReduceSum", g.op("Cast", g.op("LessOrEqual", running, k), to=TORCH_TO_ONNX[torch.int64]), g.ints([1]), keepdims=1)
     strides = [math.prod(x.shape[d + 1 :]) for d in range(x.rank)]
-    coords = g.op("Mod", g.op("Div", flat, g.ints(strides)), g.ints(x.shape), fmod=0)  # constant nonzero divisors
+    # the divisors are sizes: 0 only when x is empty, and then no row reads them
+    sizes = g.op("Max", g.shape(x.shape), g.const(1, torch.int64))
+    coords = g.op("Mod", g.op("Div", flat, g.op("Max", g.shape(strides), g.const(1, torch.int64))), sizes, fmod=0)
     total = g.op("ReduceSum", mask, keepdims=0)
     valid = g.op("Less", k, total)
     return g.op("Where", valid, coords, g.const(fill_value, torch.int64))
