@@ -512,6 +512,37 @@ def test_window_and_size_arguments_that_change_between_calls(case, dynamic):
     assert backend.stats.fallback_ops == {}
 
 
+def _pool_input(kind, h, w):
+    if kind == "ties":
+        return torch.randint(0, 2, (2, 3, h, w)).float()
+    if kind == "all_minus_inf":  # windows that meet the padding: aten's max is -inf
+        return torch.full((2, 3, h, w), -float("inf"))
+    x = torch.randn(2, 3, h, w)
+    if kind == "nan":
+        x[0, 0, 1, 1] = float("nan")
+        x[1, 1, 2:4, 2:4] = -float("inf")
+    return x
+
+
+@pytest.mark.parametrize("indices", [False, True], ids=["values", "indices"])
+@pytest.mark.parametrize("kernel, stride, pad, dilation, ceil", [(3, 2, 1, 1, False), (3, 2, 1, 2, True), (2, 1, 1, 2, False), (2, 3, 0, 1, True)])
+def test_max_pooling_with_symbolic_sizes_matches_eager_on_odd_inputs(kernel, stride, pad, dilation, ceil, indices):
+    """ONNX MaxPool with symbolic sizes: dilation, ceil mode, indices (its flat index mod the
+    plane; a NaN sends the op to torch), windows of -inf meeting the padding, NaN."""
+    torch._dynamo.reset()
+    fn = lambda x: F.max_pool2d(x, kernel, stride, pad, dilation, ceil_mode=ceil, return_indices=indices)  # noqa: E731
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for kind in ("randn", "ties", "all_minus_inf", "nan"):
+        for h, w in ((7, 8), (9, 11)):
+            x = _pool_input(kind, h, w)
+            for got, expected in zip(*(r if isinstance(r, tuple) else (r,) for r in (compiled(x), fn(x)))):
+                assert got.dtype == expected.dtype and got.shape == expected.shape
+                assert ((got == expected) | (got.isnan() & expected.isnan())).all(), f"{kind} {h}x{w}"
+        if kind == "all_minus_inf":
+            assert backend.stats.fallback_ops == {}  # until a NaN meets the indices
+
+
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
 def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     """The last window may overhang the input (or start in it only just): aten and ONNX

@@ -71,18 +71,13 @@ def _max_pool_check(node):
 
 def _symbolic_max_pool(node) -> bool:
     """Max pooling that symbolic spatial sizes do not change the form of: ONNX's MaxPool with
-    aten's pads (and its ceil_mode, which drops a last window that would start in the end
-    padding as aten does), no dilation, pads under the kernel, only values read."""
+    aten's pads, dilation (and its ceil_mode, which drops a last window that would start in
+    the end padding as aten does), pads under the kernel, float values."""
     spatial = 2 if node.target in (aten.max_pool2d_with_indices.default,) else 3
     args = dict(zip(["x", "kernel_size", "stride", "padding", "dilation", "ceil_mode"], node.args))
     kernel = _tuple(args["kernel_size"], spatial)
     pads = _tuple(args.get("padding", 0), spatial)
-    return (
-        all(d == 1 for d in _tuple(args.get("dilation", 1), spatial))
-        and all(p < k for p, k in zip(pads, kernel))
-        and not indices_used(node)
-        and is_float(arg_val(node, 0).dtype)
-    )
+    return all(p < k for p, k in zip(pads, kernel)) and is_float(arg_val(node, 0).dtype)
 
 
 def _grow(g, v, shape, lead, tail, fill, dtype):
@@ -124,10 +119,27 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
     x, unbatched = _batched(g, x, spatial)
     if not is_static(x.shape[-spatial:]):  # see _symbolic_max_pool
         kernel, pads = _tuple(kernel_size, spatial), _tuple(padding, spatial)
-        attrs = dict(kernel_shape=kernel, strides=_tuple(stride, spatial) if stride else kernel, pads=pads + pads, ceil_mode=int(bool(ceil_mode)))
+        attrs = dict(
+            kernel_shape=kernel, strides=_tuple(stride, spatial) if stride else kernel, pads=pads + pads,
+            dilations=_tuple(dilation, spatial), ceil_mode=int(bool(ceil_mode)),
+        )  # fmt: skip
+        nan = g.op("IsNaN", x)
+        if indices_used(node):
+            # ONNX Runtime's index is the first largest in the window, as aten's, over the
+            # whole tensor (mod the plane: aten's); a NaN it skips where aten takes the last
+            g.fallback_if(any_true(g, nan), "a NaN in the input of max pooling with indices and symbolic sizes")
+            values, flat = g.op("MaxPool", x, outputs=2, **attrs)
+            plane = g.sym(math.prod(x.shape[2:]))
+            return _unbatch(g, values, unbatched), _unbatch(g, g.op("Mod", flat, plane, fmod=0), unbatched)
         values = g.op("MaxPool", x, **attrs)
-        # aten's window max is NaN when any element is; ONNX Runtime's only when it comes first
-        has_nan = g.op("Greater", g.op("MaxPool", g.op("Cast", g.op("IsNaN", x), to=TORCH_TO_ONNX[x.dtype]), **attrs), g.const(0.0, x.dtype))
+        # aten's window max is NaN when any element is (ONNX Runtime's only when it comes
+        # first), and -inf when all are (ONNX Runtime's the lowest float where the window
+        # meets the padding): a max of 2 per NaN, 1 per element above -inf, tells each
+        kind = g.op("Add", g.op("Mul", g.op("Cast", nan, to=TORCH_TO_ONNX[x.dtype]), g.const(2.0, x.dtype)),
+                    g.op("Cast", g.op("Greater", x, g.const(float("-inf"), x.dtype)), to=TORCH_TO_ONNX[x.dtype]))  # fmt: skip
+        window_kind = g.op("MaxPool", kind, **attrs)
+        values = g.op("Where", g.op("Equal", window_kind, g.const(0.0, x.dtype)), g.const(float("-inf"), x.dtype), values)
+        has_nan = g.op("Greater", window_kind, g.const(1.0, x.dtype))
         return _unbatch(g, g.op("Where", has_nan, g.const(float("nan"), x.dtype), values), unbatched), None
     kernel, strides, dilations, begins, ends = _pool_args(x.shape, spatial, out_shape(node)[-spatial:], kernel_size, stride, padding, dilation)
     if not is_float(x.dtype):
