@@ -543,6 +543,22 @@ def test_max_pooling_with_symbolic_sizes_matches_eager_on_odd_inputs(kernel, str
             assert backend.stats.fallback_ops == {}  # until a NaN meets the indices
 
 
+@pytest.mark.parametrize(
+    "kernel, stride, pad, ceil, count_pad, divisor",
+    [(3, 2, 1, True, True, None), (3, 2, 1, False, False, None), (2, 2, 1, True, False, None), (3, 3, 1, True, True, 5), (3, 2, 0, True, False, 2)],
+)
+def test_average_pooling_in_every_mode_with_symbolic_sizes(kernel, stride, pad, ceil, count_pad, divisor):
+    """ceil mode with pads, pads not counted, divisor_override: aten's divisor per window
+    computed in the graph from the sizes."""
+    torch._dynamo.reset()
+    fn = lambda x: F.avg_pool2d(x, kernel, stride, pad, ceil_mode=ceil, count_include_pad=count_pad, divisor_override=divisor)  # noqa: E731
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for h, w in ((7, 8), (9, 11), (6, 6), (5, 13)):
+        x = torch.randn(2, 3, h, w)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-6, msg=lambda m: f"{h}x{w}: {m}")
+
+
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
 def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     """The last window may overhang the input (or start in it only just): aten and ONNX

@@ -8,6 +8,7 @@ import math
 import operator
 
 import torch
+from torch.utils._sympy.functions import Max
 
 from ..builder import TORCH_TO_ONNX, Value, sym_expr
 from ..registry import lower, meta
@@ -254,9 +255,6 @@ def _avg_pool_check(node):
         return _int_window_check(x, out_shape(node)[-spatial:], node.args[1], spatial)
     if not is_static(x.shape[-spatial:]):
         args = dict(zip(["x", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"], node.args), **node.kwargs)
-        padded = any(_tuple(args.get("padding", 0), spatial))
-        if (args.get("ceil_mode") and padded) or args.get("divisor_override") or (padded and not args.get("count_include_pad", True)):
-            return "symbolic spatial sizes with ceil_mode and pads, divisor_override or pads not counted"
         if any(p >= k for p, k in zip(_tuple(args.get("padding", 0), spatial), _tuple(args["kernel_size"], spatial))):
             return "pads as large as the kernel"
     return None
@@ -283,22 +281,47 @@ def avg_pool(g, node, x, kernel_size, stride=(), padding=0, ceil_mode=False, cou
         result = windows.int_avg_pool(g, x, table, divisor, nonempty, (*x.shape[:2], *out_spatial), x.dtype)
         return _unbatch(g, result, unbatched)
     if not is_static(x.shape[-spatial:]):
-        # floor mode: every window lies within the (padded) input, so aten's divisor is the
-        # kernel's size, as ONNX's with the pads counted. ceil mode (no pads): the last
-        # window may overhang the input, and both divide by the elements it covers.
         kernel, pads = _tuple(kernel_size, spatial), _tuple(padding, spatial)
         strides = _tuple(stride, spatial) if stride else kernel
-        if ceil_mode:
-            mean = g.op("AveragePool", x, kernel_shape=kernel, strides=strides, ceil_mode=1, count_include_pad=0)
-        else:
+        if not ceil_mode and not divisor_override and (count_include_pad or not any(pads)):
+            # every window lies within the padded input: aten divides by the kernel's size,
+            # as ONNX does with the pads counted
             mean = g.op("AveragePool", x, kernel_shape=kernel, strides=strides, pads=pads + pads, count_include_pad=1)
-        return _unbatch(g, mean, unbatched)
+            return _unbatch(g, mean, unbatched)
+        return _unbatch(g, _symbolic_avg_pool(g, node, x, spatial, kernel, strides, pads, count_include_pad, divisor_override), unbatched)
     kernel, strides, begins, ends, scale = _avg_args(node, x.shape, spatial, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     if bool((scale == 1).all()) and not any(begins + ends):
         return _unbatch(g, g.op("AveragePool", x, kernel_shape=kernel, strides=strides), unbatched)
     padded = g.op("Pad", x, g.ints([0, 0] + begins + [0, 0] + ends), g.const(0, x.dtype), mode="constant")
     mean = g.op("AveragePool", padded, kernel_shape=kernel, strides=strides)
     return _unbatch(g, g.op("Mul", mean, g.const(scale, x.dtype)), unbatched)
+
+
+def _symbolic_avg_pool(g, node, x: Value, spatial: int, kernel, strides, pads, count_include_pad, divisor_override) -> str:
+    """aten's average pool for symbolic sizes in any mode: the window sums of x padded with
+    zeros (at the end as far as the last window reaches), over aten's divisor per output,
+    computed in the graph as _avg_divisors does; 0 for windows with no input element."""
+    out_spatial = out_shape(node)[-spatial:]
+    i64 = lambda v: g.const(v, torch.int64)  # noqa: E731
+    ends, divisor, nonempty = [], None, None
+    for i, (size, out, k, st, p) in enumerate(zip(x.shape[-spatial:], out_spatial, kernel, strides, pads)):
+        ends.append(Max((sym_expr(out) - 1) * st + k - sym_expr(size) - p, 0))
+        start = g.op("Sub", g.op("Mul", g.op("Range", i64(0), g.sym(out), i64(1)), i64(st)), i64(p))
+        end = g.op("Min", g.op("Add", start, i64(k)), g.sym(sym_expr(size) + p))
+        full = g.op("Sub", end, start)
+        valid = g.op("Max", g.op("Sub", g.op("Min", end, g.sym(size)), g.op("Max", start, i64(0))), i64(0))
+        axis = full if count_include_pad else valid
+        shape = [1] * spatial
+        shape[i] = -1
+        axis, valid = (g.op("Reshape", g.op("Cast", v, to=TORCH_TO_ONNX[torch.float64]), g.ints(shape)) for v in (axis, valid))
+        divisor = axis if divisor is None else g.op("Mul", divisor, axis)
+        nonempty = valid if nonempty is None else g.op("Mul", nonempty, valid)
+    if divisor_override:
+        divisor = g.const(float(divisor_override), torch.float64)
+    padded = g.op("Pad", x, g.shape([0, 0, *pads, 0, 0, *ends]), g.const(0, x.dtype), mode="constant")
+    sums = g.op("Mul", g.op("AveragePool", padded, kernel_shape=kernel, strides=strides), g.const(float(math.prod(kernel)), x.dtype))
+    scale = g.op("Where", g.op("Greater", nonempty, g.const(0.0, torch.float64)), g.op("Div", g.const(1.0, torch.float64), divisor), g.const(0.0, torch.float64))
+    return g.op("Mul", sums, g.op("Cast", scale, to=TORCH_TO_ONNX[x.dtype]))
 
 
 def _avg_pool_backward_check(node):
