@@ -559,6 +559,19 @@ def test_average_pooling_in_every_mode_with_symbolic_sizes(kernel, stride, pad, 
         torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-6, msg=lambda m: f"{h}x{w}: {m}")
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_max_pooling_gradients_with_changing_sizes(dynamic):
+    """The backward scatters each gradient to its window's max: ties (first max) too."""
+    torch._dynamo.reset()
+    fn = lambda x: F.max_pool2d(x, 3, 2, 1).sum()  # noqa: E731
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for h, w in ((7, 8), (9, 11), (6, 6)):
+        for x in (torch.randn(2, 3, h, w), torch.randint(0, 2, (2, 3, h, w)).float()):
+            x.requires_grad_()
+            assert torch.equal(torch.autograd.grad(compiled(x), x)[0], torch.autograd.grad(fn(x), x)[0]), f"{h}x{w}"
+
+
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])
 def test_ceil_mode_average_pooling_matches_eager_at_every_size(kernel, stride):
     """The last window may overhang the input (or start in it only just): aten and ONNX

@@ -189,9 +189,6 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
 
 def _max_pool_backward_check(node):
     x = arg_val(node, 1)
-    spatial = 2 if node.target is aten.max_pool2d_with_indices_backward.default else 3
-    if not is_static(x.shape[-spatial:]):
-        return "symbolic spatial sizes"
     return None if is_float(x.dtype) else "non-float input"
 
 
@@ -205,11 +202,11 @@ def max_pool_backward(g, node, grad, x, kernel_size, stride, padding, dilation, 
     spatial = 2 if node.target is aten.max_pool2d_with_indices_backward.default else 3
     lead = list(x.shape[: x.rank - spatial])
     plane = math.prod(x.shape[-spatial:])
-    zeros = g.op("Expand", g.const(0, x.dtype), g.ints(lead + [plane]))
-    flat_grad = g.op("Reshape", g.cast(grad, x.dtype), g.ints(lead + [-1]))
-    flat_indices = g.op("Reshape", indices, g.ints(lead + [-1]))
+    zeros = g.op("Expand", g.const(0, x.dtype), g.shape(lead + [plane]))
+    flat_grad = g.op("Reshape", g.cast(grad, x.dtype), g.shape(lead + [-1]))
+    flat_indices = g.op("Reshape", indices, g.shape(lead + [-1]))
     summed = g.op("ScatterElements", zeros, flat_indices, flat_grad, axis=len(lead), reduction="add")
-    return g.op("Reshape", summed, g.ints(x.shape))
+    return g.op("Reshape", summed, g.shape(x.shape))
 
 
 # -- average pooling -------------------------------------------------------------------
