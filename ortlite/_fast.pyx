@@ -286,6 +286,14 @@ cdef class Runner:
         results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
 
+    cdef _use_stream(self, key):
+        self.by_stream[self.stream_key] = (self.sess, self.pool)
+        entry = self.by_stream.get(key)
+        if entry is None:
+            entry = (self.session_for(key), [])
+        self.sess, self.pool = entry
+        self.stream_key = key
+
     cdef _raise_failures(self, list outs):
         cdef Py_ssize_t k
         cdef uintptr_t p
