@@ -7,9 +7,12 @@ Per call it touches only the arguments, the pybind session and an IOBinding take
 a small pool (one per concurrent caller: bindings are not thread-safe).
 """
 
+import weakref
+
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_REFCNT
 from libc.stdint cimport int64_t, uintptr_t
+from libc.string cimport memcmp
 
 import torch
 
@@ -24,6 +27,7 @@ cdef enum:
     K_FLOAT = 2
     K_BOOL = 3
     K_UNUSED = 4
+    K_FROZEN = 5  # a weight that is an initializer of the session: checked, not bound
 
 cdef enum:
     S_ORT = 0
@@ -36,7 +40,7 @@ class RunError(RuntimeError):
     these dtypes at run time)."""
 
 
-ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL, "unused": K_UNUSED}
+ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL, "unused": K_UNUSED, "frozen": K_FROZEN}
 OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST, "sym": S_SYM}
 
 
@@ -136,8 +140,15 @@ cdef class Runner:
     cdef list failure_outputs   # ORT output indices of 0-d bool (CPU) conditions: raise when true
     cdef list failure_messages
     cdef public long runs
+    cdef list frozen_indices    # arguments that are initializers of the session; None: none are
+    cdef list frozen_refs       # weak references to the tensors the session was built from
+    cdef list frozen_ptrs       # their data pointers and version counters then
+    cdef list frozen_versions
+    cdef list frozen_contents   # bytes of a buffer's contents then (None for a parameter)
+    cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or unfreezes
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
     cdef object replacement     # that callable, once ORT has failed: calls go to it
+    cdef object __weakref__
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
@@ -244,6 +255,10 @@ cdef class Runner:
             return self.replacement(*args)
         if n != self.n_args:
             raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
+        if self.frozen_indices is not None and self._weights_changed(args):
+            self.on_weights_changed(args)  # a new session, or a replacement binding the weights
+            if self.replacement is not None:
+                return self.replacement(*args)
         if self.stream_of is not None:
             key = self.stream_of()
             if key != self.stream_key:
@@ -285,6 +300,73 @@ cdef class Runner:
             return (outs[0],) if self.returns_tuple else outs[0]
         results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
+
+    cdef bint _weights_changed(self, tuple args):
+        """Whether a frozen argument is not what the session was built from: another tensor
+        object, other memory (`.data =`), written in place since (version counter), or, for
+        a buffer, other contents (BatchNorm's kernels write running statistics in place
+        without bumping the version counter)."""
+        cdef Py_ssize_t k
+        cdef uintptr_t ptr
+        cdef bytes contents
+        for k in range(len(self.frozen_indices)):
+            a = args[<Py_ssize_t>self.frozen_indices[k]]
+            if self.frozen_refs[k]() is not a or a._version != self.frozen_versions[k]:
+                return True
+            p = a.data_ptr()
+            if p != self.frozen_ptrs[k]:
+                return True
+            contents = self.frozen_contents[k]
+            if contents is not None:
+                ptr = p
+                if memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
+                    return True
+        return False
+
+    def set_frozen(self, list indices, list tensors, sess=None, list contents=None):
+        """Watch these arguments (now holding `tensors`) for changes; with sess, run that
+        session (built from them) from now on. contents: per tensor, the bytes to compare
+        its memory with per call (CPU buffers), or None."""
+        self.frozen_refs = [weakref.ref(t, self._weight_died) for t in tensors]
+        self.frozen_ptrs = [t.data_ptr() for t in tensors]
+        self.frozen_versions = [t._version for t in tensors]
+        self.frozen_contents = contents if contents is not None else [None] * len(tensors)
+        self.frozen_indices = list(indices)
+        if sess is not None:
+            self._use_session(sess)
+
+    def frozen_tensors(self):
+        """Argument index -> the frozen tensor (None if it died), in index order."""
+        if self.frozen_indices is None:
+            return {}
+        return {i: r() for i, r in zip(self.frozen_indices, self.frozen_refs)}
+
+    def unfreeze(self, replacement):
+        """Calls go to `replacement` (the graph with its weights bound) from now on."""
+        self.replacement = replacement
+        self.frozen_indices = self.frozen_refs = None
+        self._release()
+
+    def _weight_died(self, ref):
+        """A frozen tensor was freed (model dropped, parameter replaced): so is the session's
+        copy of the weights. The next call, if any, sees the change and rebuilds."""
+        if self.frozen_ptrs is not None:
+            self.frozen_ptrs = [None] * len(self.frozen_ptrs)
+        self._release()
+
+    cdef _release(self):
+        self.sess = None
+        self.pool = []
+        self.by_stream = {}
+
+    cdef _use_session(self, sess):
+        """sess (made for torch's current stream) replaces the session and its bindings."""
+        self.sess = sess
+        self.pool = []
+        self.by_stream = {}
+        self.stream_key = self.stream_of() if self.stream_of is not None else None
+        if self.recycle_outputs:
+            self.pool.extend([self._new_binding(), self._new_binding()])
 
     cdef _use_stream(self, key):
         self.by_stream[self.stream_key] = (self.sess, self.pool)
