@@ -75,6 +75,45 @@ cdef extern from "Python.h":
         Py_ssize_t tp_weaklistoffset
 
 
+# The frozen-weight check reads a tensor's version counter and data pointer through the C
+# functions behind TensorBase._version and TensorBase.data_ptr, found once here: the same
+# code Python calls, without the attribute lookup through nn.Parameter's class chain.
+cdef extern from "Python.h":
+    ctypedef object (*getter)(object, void*)
+    ctypedef struct PyGetSetDef:
+        getter get
+        void* closure
+    ctypedef struct PyGetSetDescrObject:
+        PyGetSetDef* d_getset
+    ctypedef object (*PyCFunction)(object, PyObject*)
+    ctypedef struct PyMethodDef:
+        PyCFunction ml_meth
+        int ml_flags
+    ctypedef struct PyMethodDescrObject:
+        PyMethodDef* d_method
+    PyObject* PyWeakref_GetObject(object ref) except NULL
+    int METH_NOARGS
+
+
+cdef object _version_descr = torch._C.TensorBase.__dict__["_version"]
+cdef object _data_ptr_descr = torch._C.TensorBase.__dict__["data_ptr"]
+cdef bint _direct = (
+    type(_version_descr).__name__ == "getset_descriptor"
+    and type(_data_ptr_descr).__name__ == "method_descriptor"
+    and (<PyMethodDescrObject*>_data_ptr_descr).d_method.ml_flags == METH_NOARGS
+)
+cdef PyGetSetDef* _version_def = (<PyGetSetDescrObject*>_version_descr).d_getset
+cdef PyCFunction _data_ptr_fn = (<PyMethodDescrObject*>_data_ptr_descr).d_method.ml_meth
+
+
+cdef inline object _version_of(object t):
+    return _version_def.get(t, _version_def.closure) if _direct else t._version
+
+
+cdef inline object _data_ptr_of(object t):
+    return _data_ptr_fn(t, NULL) if _direct else t.data_ptr()
+
+
 cdef inline bint _has_weakrefs(object o):
     cdef Py_ssize_t offset = (<_TypeWithWeaklist*>(<PyObject*>o).ob_type).tp_weaklistoffset
     if offset <= 0:
@@ -311,17 +350,21 @@ cdef class Runner:
         cdef bytes contents
         for k in range(len(self.frozen_indices)):
             a = args[<Py_ssize_t>self.frozen_indices[k]]
-            if self.frozen_refs[k]() is not a or a._version != self.frozen_versions[k]:
+            if PyWeakref_GetObject(self.frozen_refs[k]) is not <PyObject*>a:
                 return True
-            p = a.data_ptr()
-            if p != self.frozen_ptrs[k]:
+            if <int64_t>_version_of(a) != <int64_t>self.frozen_versions[k]:
+                return True
+            ptr = _data_ptr_of(a)
+            if ptr != <uintptr_t>self.frozen_ptrs[k]:
                 return True
             contents = self.frozen_contents[k]
-            if contents is not None:
-                ptr = p
-                if memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
-                    return True
+            if contents is not None and memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
+                return True
         return False
+
+    def weights_changed(self, *args):
+        """The per-call staleness check alone, on a call's arguments (bench/frozen.py times it)."""
+        return self.frozen_indices is not None and self._weights_changed(args)
 
     def set_frozen(self, list indices, list tensors, sess=None, list contents=None):
         """Watch these arguments (now holding `tensors`) for changes; with sess, run that
