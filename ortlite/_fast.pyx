@@ -392,9 +392,8 @@ cdef class Runner:
 
     def _weight_died(self, ref):
         """A frozen tensor was freed (model dropped, parameter replaced): so is the session's
-        copy of the weights. The next call, if any, sees the change and rebuilds."""
-        if self.frozen_ptrs is not None:
-            self.frozen_ptrs = [None] * len(self.frozen_ptrs)
+        copy of the weights. The next call, if any, sees the change (the dead reference)
+        and rebuilds."""
         self._release()
 
     cdef _release(self):
