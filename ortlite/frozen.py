@@ -85,7 +85,8 @@ def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: list, weights: set[int]
         info, t, val = metadata.input_info[i], real_inputs[i], placeholders[i].meta.get("val")
         if i not in weights or info.mutates_data or info.mutates_metadata or not freezable(t):
             continue
-        if isinstance(val, torch.Tensor) and val.dtype == t.dtype and list(val.shape) == list(t.shape) and placeholders[i].users:
+        static = isinstance(val, torch.Tensor) and all(type(d) is int for d in val.shape)  # comparing a SymInt would guard
+        if static and val.dtype == t.dtype and tuple(val.shape) == tuple(t.shape) and placeholders[i].users:
             result[i] = t
     return result
 

@@ -11,6 +11,7 @@ import torch
 
 import ortlite
 import ortlite.frozen
+import ortlite.session
 from conftest import assert_same
 
 transformers = pytest.importorskip("transformers", reason="the transformer cases need transformers (the test extra)")
@@ -194,6 +195,25 @@ def test_freeze_weights_off():
     assert backend.stats.frozen == 0
     with pytest.raises(TypeError, match="freeze_weights"):
         ortlite.Options(freeze_weights="yes")
+
+
+def test_user_session_options_are_copied_not_changed(caplog):
+    """Frozen sessions add initializers to their SessionOptions: a copy of the user's."""
+    import onnxruntime
+
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    model, inputs = bn_net()
+    backend = ortlite.Backend(ortlite.Options(session_options=so))
+    compiled = torch.compile(model, backend=backend)
+    check(compiled, model, inputs())
+    in_place(model)
+    check(compiled, model, inputs())
+    assert backend.stats.frozen == 12
+    copied = ortlite.session.session_options(backend.options, fresh=True)
+    assert copied is not so and copied.intra_op_num_threads == 1
+    assert copied.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
 
 
 def test_two_modules_with_the_same_graph_do_not_share_weights():
