@@ -8,12 +8,14 @@ the runner's check alone (Runner.weights_changed: tensor identity, version count
 pointer, and for buffers a memcmp of their bytes), timed on the arguments aot_autograd
 passes, against the same call with no weights; medians of interleaved rounds; one thread.
 RSS (--rss, in subprocesses so that each starts clean): eager, torch.compile frozen,
-torch.compile with freeze_weights=False, ortlite.compile, for BERT-base sized (h768 L12).
+torch.compile with freeze_weights=False, ortlite.compile, for BERT-base sized (h768 L12);
+for frozen also the call after a weight changed (it builds a new session) and RSS after it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -110,7 +112,22 @@ def rss_child(mode):
             call = torch.compile(model, backend=backend)
         for _ in range(3):
             call(ids)
-    print(json.dumps({"mode": mode, "weights_mb": weights_mb, "rss_mb": rss_mb(), "after_model_mb": before}))
+        result = {"mode": mode, "weights_mb": weights_mb, "rss_mb": rss_mb(), "after_model_mb": before}
+        if mode == "frozen":  # a weight changes: the next call builds a new session
+            model.encoder.layer[0].output.dense.weight.mul_(1.0)
+            start = time.perf_counter()
+            call(ids)
+            result["rebuild_call_s"] = time.perf_counter() - start
+            start = time.perf_counter()
+            call(ids)
+            result["next_call_s"] = time.perf_counter() - start
+            result["rss_after_rebuild_mb"] = rss_mb()
+            try:  # glibc keeps freed memory mapped: hand it back, to see the old session is gone
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+                result["rss_after_trim_mb"] = rss_mb()
+            except (OSError, AttributeError):
+                pass
+    print(json.dumps(result))
 
 
 def main(argv=None):
@@ -135,6 +152,12 @@ def main(argv=None):
             out = subprocess.run([sys.executable, __file__, "--rss-child", mode], capture_output=True, text=True, check=True).stdout
             r = json.loads(out.strip().splitlines()[-1])
             print(f"  {mode:<9} RSS {r['rss_mb']:.0f} MB (model built: {r['after_model_mb']:.0f} MB; its weights: {r['weights_mb']:.0f} MB)")
+            if "rebuild_call_s" in r:
+                print(
+                    f"            after a weight changed: that call {r['rebuild_call_s']:.2f} s (a new session), "
+                    f"the next {r['next_call_s'] * 1e3:.0f} ms; RSS then {r['rss_after_rebuild_mb']:.0f} MB"
+                    + (f", {r['rss_after_trim_mb']:.0f} MB after malloc_trim" if "rss_after_trim_mb" in r else "")
+                )
 
 
 if __name__ == "__main__":

@@ -397,15 +397,19 @@ cdef class Runner:
         self._release()
 
     cdef _release(self):
+        """Drop the session(s) and their bindings now: a binding and its pool refer to each
+        other, so emptying the old pools frees them without waiting for the cyclic GC."""
+        self.pool.clear()
+        for _, pool in self.by_stream.values():
+            pool.clear()
         self.sess = None
-        self.pool = []
+        self.pool = []  # a new list: a binding in use elsewhere returns to its old pool
         self.by_stream = {}
 
     cdef _use_session(self, sess):
         """sess (made for torch's current stream) replaces the session and its bindings."""
+        self._release()
         self.sess = sess
-        self.pool = []
-        self.by_stream = {}
         self.stream_key = self.stream_of() if self.stream_of is not None else None
         if self.recycle_outputs:
             self.pool.extend([self._new_binding(), self._new_binding()])

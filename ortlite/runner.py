@@ -44,10 +44,9 @@ def runner_for(
     if options.dump_dir:
         dump(options.dump_dir, name, lowered.model, gm)
     devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
-    model_bytes = lowered.model.SerializeToString()
-
     if frozen:
         return _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen, unfrozen)
+    model_bytes = lowered.model.SerializeToString()
 
     def session_for_stream(stream):
         return sessions.get(model_bytes, options, devices, stream, lowered.disabled_optimizers)
