@@ -187,6 +187,34 @@ def test_mutated_buffers_are_not_frozen():
     assert 0 < backend.stats.frozen < 10
 
 
+def test_inference_mode():
+    """Calls and a change under torch.inference_mode (which still bumps the version counter
+    of a normal tensor written in place)."""
+    model, inputs = bn_net()
+    backend = ortlite.Backend()
+    compiled = torch.compile(model, backend=backend)
+    with torch.inference_mode():
+        (x,) = inputs()
+        assert_same(compiled(x), model(x))
+        model.fc.weight.mul_(2)
+        model.bn.running_mean.add_(1)
+        assert_same(compiled(x), model(x))
+    assert backend.stats.frozen == 12
+
+
+def test_inference_tensor_weights_are_not_frozen():
+    """Weights made under inference_mode have no version counter to watch: bound as inputs."""
+    with torch.inference_mode():
+        model = torch.nn.Linear(4, 3)
+        x = torch.randn(2, 4)
+        backend = ortlite.Backend()
+        compiled = torch.compile(model, backend=backend)
+        assert_same(compiled(x), model(x))
+        model.weight.mul_(2)
+        assert_same(compiled(x), model(x))
+    assert backend.stats.frozen == 0
+
+
 def test_freeze_weights_off():
     model, inputs = bn_net()
     backend = ortlite.Backend(ortlite.Options(freeze_weights=False))
