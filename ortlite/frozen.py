@@ -7,8 +7,9 @@ constant-fold), and are never stale.
   that are plain dense contiguous tensors.
 - No copy of our own: the ONNX model gets empty external-data stubs for them, and the
   session takes OrtValues over torch's memory (SessionOptions.add_external_initializers).
-  ORT keeps its own copy of what it needs (a prepacked weight, a folded Conv, or a plain
-  copy), the torch tensor stays the user's.
+  ORT keeps its own copy of what it needs (a prepacked weight, a folded Conv) and copies
+  the rest (measured: it does not run on external memory in place): one copy of the
+  weights in all, never a protobuf one (no 2 GB protobuf limit either).
 - Never stale: every call, the runner compares each frozen argument with what the session
   was built from (same tensor object, data pointer, version counter; for buffers, which
   BatchNorm updates without bumping the version counter, the bytes too: so only small CPU
@@ -31,7 +32,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as C
 from torch.utils.dlpack import to_dlpack
 
 from .lower.builder import TORCH_TO_ONNX
-from .logs import log
+from .logs import warn_once
 
 # A frozen session that served fewer calls than this before its weights changed did not
 # pay for its build; after STALE_QUICKLY_LIMIT such sessions the graph binds its weights.
@@ -125,8 +126,15 @@ def frozen_model_bytes(model: onnx.ModelProto, names: dict[str, torch.Tensor]) -
 
 
 def ort_values(tensors) -> list:
-    """OrtValues over the tensors' own memory (DLPack: no copy, CPU or CUDA)."""
-    return [onnxruntime.OrtValue(C.OrtValue.from_dlpack(to_dlpack(t.detach()), t.dtype == torch.bool)) for t in tensors]
+    """OrtValues over the tensors' memory (DLPack: no copy) for add_external_initializers.
+    ORT reads external initializers on the host (it turns them into TensorProtos pointing at
+    the memory), so CUDA tensors go through a temporary host copy; ORT then copies them to
+    the device itself."""
+    values = []
+    for t in tensors:
+        host = t.detach() if t.device.type == "cpu" else t.detach().cpu()
+        values.append(onnxruntime.OrtValue(C.OrtValue.from_dlpack(to_dlpack(host), t.dtype == torch.bool)))
+    return values
 
 
 class FrozenWeights:
@@ -158,7 +166,10 @@ class FrozenWeights:
             self.stale_quickly += 1
         tensors = [args[i] for i in self.indices]
         if self.stale_quickly >= STALE_QUICKLY_LIMIT or not all(map(freezable, tensors)):
-            log.info("ortlite: graph %s: its weights keep changing (or stopped being freezable); they are bound as inputs from now on", self.name)
+            warn_once(
+                f"ortlite: the weights of graph {self.name} keep changing between calls (or can no longer be frozen): "
+                "bound as inputs from now on (Options(freeze_weights=False) does so from the start)"
+            )
             runner.unfreeze(self.unfrozen())
             return
         self.rebuilds += 1
