@@ -119,8 +119,9 @@ def check(compiled, model, args):
 
 @pytest.mark.parametrize(
     "make, dynamic",
-    [(bn_net, False), (bn_net, None), (bn_net, True), (tiny_bert, None), (tiny_bert, True)],
-    ids=["bn_cnn-static", "bn_cnn-automatic", "bn_cnn-dynamic", "bert-automatic", "bert-dynamic"],
+    # (BERT with dynamic=True: as automatic's second graph, ~10 s more)
+    [(bn_net, False), (bn_net, None), (bn_net, True), (tiny_bert, None)],
+    ids=["bn_cnn-static", "bn_cnn-automatic", "bn_cnn-dynamic", "bert-automatic"],
 )
 def test_every_kind_of_weight_change_is_seen_by_the_next_call(make, dynamic, monkeypatch):
     """One compiled model, each kind of change in turn, each checked at two input sizes.
