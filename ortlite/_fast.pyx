@@ -7,6 +7,7 @@ Per call it touches only the arguments, the pybind session and an IOBinding take
 a small pool (one per concurrent caller: bindings are not thread-safe).
 """
 
+import types
 import weakref
 
 from cpython.object cimport PyObject
@@ -97,13 +98,13 @@ cdef extern from "Python.h":
 
 cdef object _version_descr = torch._C.TensorBase.__dict__["_version"]
 cdef object _data_ptr_descr = torch._C.TensorBase.__dict__["data_ptr"]
-cdef bint _direct = (
-    type(_version_descr).__name__ == "getset_descriptor"
-    and type(_data_ptr_descr).__name__ == "method_descriptor"
+cdef bint _direct = (  # else (a torch that defines them otherwise): plain attribute access
+    type(_version_descr) is types.GetSetDescriptorType
+    and type(_data_ptr_descr) is types.MethodDescriptorType
     and (<PyMethodDescrObject*>_data_ptr_descr).d_method.ml_flags == METH_NOARGS
 )
-cdef PyGetSetDef* _version_def = (<PyGetSetDescrObject*>_version_descr).d_getset
-cdef PyCFunction _data_ptr_fn = (<PyMethodDescrObject*>_data_ptr_descr).d_method.ml_meth
+cdef PyGetSetDef* _version_def = (<PyGetSetDescrObject*>_version_descr).d_getset if _direct else NULL
+cdef PyCFunction _data_ptr_fn = (<PyMethodDescrObject*>_data_ptr_descr).d_method.ml_meth if _direct else NULL
 
 
 cdef inline object _version_of(object t):
@@ -352,7 +353,11 @@ cdef class Runner:
             a = args[<Py_ssize_t>self.frozen_indices[k]]
             if PyWeakref_GetObject(self.frozen_refs[k]) is not <PyObject*>a:
                 return True
-            if <int64_t>_version_of(a) != <int64_t>self.frozen_versions[k]:
+            try:
+                version = _version_of(a)
+            except RuntimeError:  # an inference tensor now (e.g. `.data =` one): no counter
+                return True
+            if <int64_t>version != <int64_t>self.frozen_versions[k]:
                 return True
             ptr = _data_ptr_of(a)
             if ptr != <uintptr_t>self.frozen_ptrs[k]:
