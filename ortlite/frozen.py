@@ -140,22 +140,24 @@ def ort_values(tensors) -> list:
 class FrozenWeights:
     """Builds and rebuilds a runner's frozen sessions; decides when to stop freezing.
 
-    make_session(tensors by name, stream) -> a session (stream None: torch's current one); unfrozen() -> a callable taking the
-    graph's arguments with the weights bound as inputs (used once weights keep changing)."""
+    make_session(tensors by name, stream) -> a session (stream None: torch's current one).
+    unfrozen() -> a callable taking the graph's arguments, with the weights bound as inputs
+    (used once the weights keep changing, or can no longer be frozen)."""
 
     def __init__(self, name: str, indices: list[int], input_names: list[str], make_session, unfrozen):
         self.name, self.indices, self.input_names = name, indices, input_names
         self.make_session, self.unfrozen = make_session, unfrozen
         self.runner = None
+        self.layout = None  # (shape, dtype, device) of each frozen tensor: what the model's stubs say
         self.built_at_run = 0
         self.stale_quickly = 0
-        self.rebuilds = 0
 
     def session(self, tensors: list, stream=None):
         return self.make_session(dict(zip(self.input_names, tensors)), stream)
 
     def attach(self, runner, tensors: list) -> None:
         self.runner = runner
+        self.layout = [(t.shape, t.dtype, t.device) for t in tensors]
         runner.on_weights_changed = self.changed
         runner.set_frozen(self.indices, tensors, None, contents(tensors))
 
@@ -165,13 +167,13 @@ class FrozenWeights:
         if runner.runs - self.built_at_run < MIN_CALLS:
             self.stale_quickly += 1
         tensors = [args[i] for i in self.indices]
-        if self.stale_quickly >= STALE_QUICKLY_LIMIT or not all(map(freezable, tensors)):
+        same_layout = [(t.shape, t.dtype, t.device) for t in tensors] == self.layout
+        if self.stale_quickly >= STALE_QUICKLY_LIMIT or not same_layout or not all(map(freezable, tensors)):
             warn_once(
                 f"ortlite: the weights of graph {self.name} keep changing between calls (or can no longer be frozen): "
                 "bound as inputs from now on (Options(freeze_weights=False) does so from the start)"
             )
             runner.unfreeze(self.unfrozen())
             return
-        self.rebuilds += 1
         self.built_at_run = runner.runs
         runner.set_frozen(self.indices, tensors, self.session(tensors), contents(tensors))

@@ -216,6 +216,21 @@ def test_inference_tensor_weights_are_not_frozen():
     assert backend.stats.frozen == 0
 
 
+def test_weights_of_another_shape_or_dtype():
+    """`.data =` a tensor of another shape, then dtype: Dynamo recompiles (its guards check
+    sizes and dtypes); each graph freezes its own weights."""
+    model = torch.nn.Linear(4, 3)
+    backend = ortlite.Backend()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert_same(compiled(x), model(x))
+        model.weight.data, model.bias.data = torch.randn(5, 4), torch.randn(5)
+        assert_same(compiled(x), model(x))
+        model.weight.data, model.bias.data = model.weight.double(), model.bias.double()
+        assert_same(compiled(x.double()), model(x.double()))
+
+
 def test_freeze_weights_off():
     model, inputs = bn_net()
     backend = ortlite.Backend(ortlite.Options(freeze_weights=False))
