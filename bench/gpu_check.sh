@@ -52,7 +52,7 @@ if ! $PY setup.py -q build_ext --inplace >"$RESULTS/build.txt" 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
-timeout 300 $PY -m pytest -q -rs -m cuda tests/test_cuda.py >"$RESULTS/cuda-tests.txt" 2>&1
+timeout 300 $PY -m pytest -q -rs -m cuda tests/test_cuda.py tests/test_frozen_weights.py >"$RESULTS/cuda-tests.txt" 2>&1
 log "CUDA tests: exit $? ($(tail -n 1 "$RESULTS/cuda-tests.txt"))"
 timeout 240 $PY bench/overhead.py --device cuda --rounds 7 --iters 500 --json "$RESULTS/overhead-cuda.json" >"$RESULTS/overhead-cuda.txt" 2>&1
 log "overhead benchmark: exit $?"

@@ -3,7 +3,10 @@
 models built from configs (random weights, no downloads). One thread, interleaved rounds,
 medians; first-call (compile + run) times; what fell back to torch.
 
-    python bench/models.py [--models bert,gpt2,llama,vit,resnet] [--rounds 7] [--no-inductor]
+    python bench/models.py [--models bert,gpt2,llama,vit,resnet,mobilenet] [--rounds 7] [--no-inductor] [--no-dynamic]
+
+ortlite runs with frozen weights (the default under no_grad); "ortlite unfrozen" is the same
+with Options(freeze_weights=False), weights bound as inputs.
 """
 
 from __future__ import annotations
@@ -66,7 +69,57 @@ def resnet():
     return "ResNet basic-4 224px b1", ResNetModel(config), (torch.randn(1, 3, 224, 224),)
 
 
-MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet}
+class _InvertedResidual(torch.nn.Module):
+    def __init__(self, cin, cout, stride, expand):
+        super().__init__()
+        hidden = cin * expand
+        bn_act = lambda c: [torch.nn.BatchNorm2d(c), torch.nn.ReLU6()]  # noqa: E731
+        self.block = torch.nn.Sequential(
+            *([torch.nn.Conv2d(cin, hidden, 1, bias=False), *bn_act(hidden)] if expand != 1 else []),
+            torch.nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            *bn_act(hidden),
+            torch.nn.Conv2d(hidden, cout, 1, bias=False),
+            torch.nn.BatchNorm2d(cout),
+        )
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.block(x) if self.residual else self.block(x)
+
+
+class MobileNetV2Like(torch.nn.Module):
+    """MobileNetV2's layout (inverted residuals, depthwise convs, BatchNorm, ReLU6), width 1.0."""
+
+    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+
+    def __init__(self, classes=1000):
+        super().__init__()
+        layers = [torch.nn.Conv2d(3, 32, 3, 2, 1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.ReLU6()]
+        cin = 32
+        for expand, cout, repeats, stride in self.SETTINGS:
+            for i in range(repeats):
+                layers.append(_InvertedResidual(cin, cout, stride if i == 0 else 1, expand))
+                cin = cout
+        layers += [torch.nn.Conv2d(cin, 1280, 1, bias=False), torch.nn.BatchNorm2d(1280), torch.nn.ReLU6()]
+        self.features = torch.nn.Sequential(*layers)
+        self.classifier = torch.nn.Linear(1280, classes)
+
+    def forward(self, x):
+        return self.classifier(self.features(x).mean((2, 3)))
+
+
+def mobilenet():
+    torch.manual_seed(0)
+    model = MobileNetV2Like()
+    with torch.no_grad():  # statistics as a trained model has them
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+    return "MobileNetV2-like 224px b1", model, (torch.randn(1, 3, 224, 224),)
+
+
+MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet, "mobilenet": mobilenet}
 
 
 def first_output(out):
@@ -96,7 +149,7 @@ def timed_first_call(fn, args):
     return time.perf_counter() - start, out
 
 
-def bench_model(make, rounds, iters, with_inductor):
+def bench_model(make, rounds, iters, with_inductor, with_dynamic=True):
     label, model, args = make()
     model.eval()
     torch.manual_seed(0)
@@ -110,15 +163,22 @@ def bench_model(make, rounds, iters, with_inductor):
     candidates["ortlite"] = compiled
     notes["ortlite fallback_ops"] = backend.stats.fallback_ops
     notes["ortlite sessions"] = backend.stats.sessions
+    notes["ortlite frozen weights"] = backend.stats.frozen
+    # the same with weights bound as inputs (Options(freeze_weights=False))
+    unfrozen = torch.compile(own_code(model), backend=ortlite.Backend(ortlite.Options(freeze_weights=False)))
+    first["ortlite unfrozen"], out = timed_first_call(unfrozen, args)
+    torch.testing.assert_close(first_output(out), expected, rtol=1e-3, atol=1e-3)
+    candidates["ortlite unfrozen"] = unfrozen
     # changing shapes: dynamic=True makes every size but the batch of 1 symbolic (sequence
     # length, image size), one graph serving them all; timed at the same inputs
-    dynamic_backend = ortlite.Backend()
-    dynamic = torch.compile(own_code(model), backend=dynamic_backend, dynamic=True)
-    first["ortlite dynamic"], out = timed_first_call(dynamic, args)
-    torch.testing.assert_close(first_output(out), expected, rtol=1e-3, atol=1e-3)
-    candidates["ortlite dynamic"] = dynamic
-    notes["ortlite dynamic fallback_ops"] = dynamic_backend.stats.fallback_ops
-    notes["ortlite dynamic sessions"] = dynamic_backend.stats.sessions
+    if with_dynamic:
+        dynamic_backend = ortlite.Backend()
+        dynamic = torch.compile(own_code(model), backend=dynamic_backend, dynamic=True)
+        first["ortlite dynamic"], out = timed_first_call(dynamic, args)
+        torch.testing.assert_close(first_output(out), expected, rtol=1e-3, atol=1e-3)
+        candidates["ortlite dynamic"] = dynamic
+        notes["ortlite dynamic fallback_ops"] = dynamic_backend.stats.fallback_ops
+        notes["ortlite dynamic sessions"] = dynamic_backend.stats.sessions
     # what any backend pays first: Dynamo + aot_autograd tracing (the graph then runs in torch)
     first["dynamo+aot floor"], _ = timed_first_call(torch.compile(own_code(model), backend=TRACE_ONLY), args)
 
@@ -146,7 +206,9 @@ def bench_model(make, rounds, iters, with_inductor):
                 call(*args)
             samples[name].append((time.perf_counter() - start) / iters * 1e3)
     medians = {name: statistics.median(s) for name, s in samples.items()}
-    return label, medians, first, notes
+    # each against eager in the same round, then the median over rounds
+    ratios = {name: statistics.median(c / e for c, e in zip(samples[name], samples["eager"])) for name in samples if name != "eager"}
+    return label, medians, ratios, first, notes
 
 
 def main(argv=None):
@@ -155,6 +217,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic=True candidate")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -163,15 +226,21 @@ def main(argv=None):
     results = []
     with torch.no_grad():
         for key in args.models.split(","):
-            label, medians, first, notes = bench_model(MODELS[key], args.rounds, args.iters, not args.no_inductor)
-            results.append({"model": label, "latency_ms": medians, "first_call_s": first, "notes": notes})
+            label, medians, ratios, first, notes = bench_model(MODELS[key], args.rounds, args.iters, not args.no_inductor, not args.no_dynamic)
+            results.append({"model": label, "latency_ms": medians, "vs_eager": ratios, "first_call_s": first, "notes": notes})
             print(f"{label}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()), flush=True)
 
-    names = ["eager", "inductor", "ortlite", "ortlite dynamic", "ortlite AOT"]
+    names = ["eager", "inductor", "ortlite", "ortlite unfrozen", "ortlite dynamic", "ortlite AOT"]
     print(f"\nlatency, ms (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; no_grad)")
     print(f"{'model':<26}" + "".join(f"{n:>17}" for n in names))
     for r in results:
         print(f"{r['model']:<26}" + "".join(f"{r['latency_ms'][n]:>17.2f}" if n in r["latency_ms"] else f"{'-':>17}" for n in names))
+    print("\nagainst eager (median over rounds of each round's ratio); target: ortlite/eager <= 1.15 x AOT/eager")
+    print(f"{'model':<26}" + "".join(f"{n + '/eager':>23}" for n in names[1:]) + f"{'(ortlite/eager)/(AOT/eager)':>30}")
+    for r in results:
+        v = r["vs_eager"]
+        target = f"{v['ortlite'] / v['ortlite AOT']:>30.2f}" if "ortlite AOT" in v else f"{'-':>30}"
+        print(f"{r['model']:<26}" + "".join(f"{v[n]:>23.2f}" if n in v else f"{'-':>23}" for n in names[1:]) + target)
     print("\nfirst call (compile + run), s")
     for r in results:
         print(f"  {r['model']}: " + "; ".join(f"{k} {v:.2f}" for k, v in r["first_call_s"].items()))

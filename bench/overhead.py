@@ -2,7 +2,8 @@
 
     python bench/overhead.py [--rounds 15] [--iters 2000] [--device cpu|cuda] [--json out.json]
 
-Candidates: eager, inductor, ortlite (torch.compile), ortlite AOT (ortlite.compile).
+Candidates: eager, inductor, ortlite (torch.compile), ortlite unfrozen (torch.compile with
+Options(freeze_weights=False)), ortlite AOT (ortlite.compile).
 Floors, measured in the same run:
   raw ORT       the same ONNX model ortlite built, I/O pre-bound, only run_with_iobinding timed
   dynamo+aot    torch.compile through aot_autograd with a compiler that returns a constant
@@ -196,6 +197,8 @@ def bench_case(case, device, rounds, iters, with_inductor):
     if with_inductor:
         candidates["inductor"] = torch.compile(own_code(fn), backend="inductor")
     candidates["ortlite"] = torch.compile(own_code(fn), backend=ortlite.Backend())
+    # weights bound as inputs (as before frozen weights; the same for graphs without weights)
+    candidates["ortlite unfrozen"] = torch.compile(own_code(fn), backend=ortlite.Backend(ortlite.Options(freeze_weights=False)))
     candidates["dynamo+aot floor"] = torch.compile(own_code(fn), backend=constant_backend(expected))
     start = time.perf_counter()
     candidates["ortlite AOT"] = ortlite.compile(as_module(fn), args)
@@ -221,6 +224,7 @@ def bench_case(case, device, rounds, iters, with_inductor):
     floors = [a + r for a, r in zip(samples["dynamo+aot floor"], samples["raw ORT floor"])]
     ratios = {"ortlite / (dynamo+aot floor + raw ORT floor)": statistics.median(o / f for o, f in zip(samples["ortlite"], floors))}
     ratios["ortlite / eager"] = statistics.median(o / e for o, e in zip(samples["ortlite"], samples["eager"]))
+    ratios["ortlite / ortlite unfrozen"] = statistics.median(o / u for o, u in zip(samples["ortlite"], samples["ortlite unfrozen"]))
     if "inductor" in samples:
         ratios["ortlite / inductor"] = statistics.median(o / i for o, i in zip(samples["ortlite"], samples["inductor"]))
     ratios["ortlite - both floors (µs)"] = statistics.median(o - f for o, f in zip(samples["ortlite"], floors))

@@ -7,9 +7,13 @@ Per call it touches only the arguments, the pybind session and an IOBinding take
 a small pool (one per concurrent caller: bindings are not thread-safe).
 """
 
+import types
+import weakref
+
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_REFCNT
 from libc.stdint cimport int64_t, uintptr_t
+from libc.string cimport memcmp
 
 import torch
 
@@ -24,6 +28,7 @@ cdef enum:
     K_FLOAT = 2
     K_BOOL = 3
     K_UNUSED = 4
+    K_FROZEN = 5  # a weight that is an initializer of the session: checked, not bound
 
 cdef enum:
     S_ORT = 0
@@ -36,7 +41,7 @@ class RunError(RuntimeError):
     these dtypes at run time)."""
 
 
-ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL, "unused": K_UNUSED}
+ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL, "unused": K_UNUSED, "frozen": K_FROZEN}
 OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST, "sym": S_SYM}
 
 
@@ -69,6 +74,45 @@ cdef Py_ssize_t _SOLE_STORAGE_COUNT = _storage_count_of_a_fresh_tensor()
 cdef extern from "Python.h":
     ctypedef struct _TypeWithWeaklist "PyTypeObject":
         Py_ssize_t tp_weaklistoffset
+
+
+# The frozen-weight check reads a tensor's version counter and data pointer through the C
+# functions behind TensorBase._version and TensorBase.data_ptr, found once here: the same
+# code Python calls, without the attribute lookup through nn.Parameter's class chain.
+cdef extern from "Python.h":
+    ctypedef object (*getter)(object, void*)
+    ctypedef struct PyGetSetDef:
+        getter get
+        void* closure
+    ctypedef struct PyGetSetDescrObject:
+        PyGetSetDef* d_getset
+    ctypedef object (*PyCFunction)(object, PyObject*)
+    ctypedef struct PyMethodDef:
+        PyCFunction ml_meth
+        int ml_flags
+    ctypedef struct PyMethodDescrObject:
+        PyMethodDef* d_method
+    PyObject* PyWeakref_GetObject(object ref) except NULL
+    int METH_NOARGS
+
+
+cdef object _version_descr = torch._C.TensorBase.__dict__["_version"]
+cdef object _data_ptr_descr = torch._C.TensorBase.__dict__["data_ptr"]
+cdef bint _direct = (  # else (a torch that defines them otherwise): plain attribute access
+    type(_version_descr) is types.GetSetDescriptorType
+    and type(_data_ptr_descr) is types.MethodDescriptorType
+    and (<PyMethodDescrObject*>_data_ptr_descr).d_method.ml_flags == METH_NOARGS
+)
+cdef PyGetSetDef* _version_def = (<PyGetSetDescrObject*>_version_descr).d_getset if _direct else NULL
+cdef PyCFunction _data_ptr_fn = (<PyMethodDescrObject*>_data_ptr_descr).d_method.ml_meth if _direct else NULL
+
+
+cdef inline object _version_of(object t):
+    return _version_def.get(t, _version_def.closure) if _direct else t._version
+
+
+cdef inline object _data_ptr_of(object t):
+    return _data_ptr_fn(t, NULL) if _direct else t.data_ptr()
 
 
 cdef inline bint _has_weakrefs(object o):
@@ -137,8 +181,15 @@ cdef class Runner:
     cdef list failure_messages
     cdef list failure_to_torch  # per condition: fail the run (on_run_failure) rather than raise
     cdef public long runs
+    cdef list frozen_indices    # arguments that are initializers of the session; None: none are
+    cdef list frozen_refs       # weak references to the tensors the session was built from
+    cdef list frozen_ptrs       # their data pointers and version counters then
+    cdef list frozen_versions
+    cdef list frozen_contents   # bytes of a buffer's contents then (None for a parameter)
+    cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or unfreezes
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
     cdef object replacement     # that callable, once ORT has failed: calls go to it
+    cdef object __weakref__
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
@@ -247,6 +298,10 @@ cdef class Runner:
             return self.replacement(*args)
         if n != self.n_args:
             raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
+        if self.frozen_indices is not None and self._weights_changed(args):
+            self.on_weights_changed(args)  # a new session, or a replacement binding the weights
+            if self.replacement is not None:
+                return self.replacement(*args)
         if self.stream_of is not None:
             key = self.stream_of()
             if key != self.stream_key:
@@ -288,6 +343,92 @@ cdef class Runner:
             return (outs[0],) if self.returns_tuple else outs[0]
         results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
+
+    cdef bint _weights_changed(self, tuple args):
+        """Whether a frozen argument is not what the session was built from: another tensor
+        object, other memory (`.data =`), written in place since (version counter), or, for
+        a buffer, other contents (BatchNorm's kernels write running statistics in place
+        without bumping the version counter)."""
+        cdef Py_ssize_t k
+        cdef uintptr_t ptr
+        cdef bytes contents
+        for k in range(len(self.frozen_indices)):
+            a = args[<Py_ssize_t>self.frozen_indices[k]]
+            if PyWeakref_GetObject(self.frozen_refs[k]) is not <PyObject*>a:
+                return True
+            try:
+                version = _version_of(a)
+            except RuntimeError:  # an inference tensor now (e.g. `.data =` one): no counter
+                return True
+            if <int64_t>version != <int64_t>self.frozen_versions[k]:
+                return True
+            ptr = _data_ptr_of(a)
+            if ptr != <uintptr_t>self.frozen_ptrs[k]:
+                return True
+            contents = self.frozen_contents[k]
+            if contents is not None and memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
+                return True
+        return False
+
+    def weights_changed(self, *args):
+        """The per-call staleness check alone, on a call's arguments (bench/frozen.py times it)."""
+        return self.frozen_indices is not None and self._weights_changed(args)
+
+    def set_frozen(self, list indices, list tensors, sess=None, list contents=None):
+        """Watch these arguments (now holding `tensors`) for changes; with sess, run that
+        session (built from them) from now on. contents: per tensor, the bytes to compare
+        its memory with per call (CPU buffers), or None."""
+        self.frozen_refs = [weakref.ref(t, self._weight_died) for t in tensors]
+        self.frozen_ptrs = [t.data_ptr() for t in tensors]
+        self.frozen_versions = [t._version for t in tensors]
+        self.frozen_contents = contents if contents is not None else [None] * len(tensors)
+        self.frozen_indices = list(indices)
+        if sess is not None:
+            self._use_session(sess)
+
+    def frozen_tensors(self):
+        """Argument index -> the frozen tensor (None if it died), in index order."""
+        if self.frozen_indices is None:
+            return {}
+        return {i: r() for i, r in zip(self.frozen_indices, self.frozen_refs)}
+
+    def unfreeze(self, replacement):
+        """Calls go to `replacement` (the graph with its weights bound) from now on."""
+        self.replacement = replacement
+        self.frozen_indices = self.frozen_refs = None
+        self._release()
+
+    def _weight_died(self, ref):
+        """A frozen tensor was freed (model dropped, parameter replaced): so is the session's
+        copy of the weights. The next call, if any, sees the change (the dead reference)
+        and rebuilds."""
+        self._release()
+
+    cdef _release(self):
+        """Drop the session(s) and their bindings now: a binding and its pool refer to each
+        other, so emptying the old pools frees them without waiting for the cyclic GC."""
+        self.pool.clear()
+        for _, pool in self.by_stream.values():
+            pool.clear()
+        self.sess = None
+        self.pool = []  # a new list: a binding in use elsewhere returns to its old pool
+        self.by_stream = {}
+
+    cdef _use_session(self, sess):
+        """sess (made for torch's current stream) replaces the session and its bindings."""
+        self._release()
+        self.sess = sess
+        self.stream_key = self.stream_of() if self.stream_of is not None else None
+        if self.recycle_outputs:
+            self.pool.extend([self._new_binding(), self._new_binding()])
+
+    cdef _use_stream(self, key):
+        self.by_stream[self.stream_key] = (self.sess, self.pool)
+        entry = self.by_stream.get(key)
+        if entry is None:
+            entry = (self.session_for(key), [])
+        self.sess, self.pool = entry
+        self.stream_key = key
 
     cdef _raise_failures(self, list outs):
         """Raises aten's runtime error of a true condition; returns a RunError for a true

@@ -18,6 +18,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .decomp import decomposition_table
+from .frozen import frozen_inputs, sub_frozen, weight_indices
 from .logs import warn_once
 from .lower import LoweringError, NodeNotLowered, lower_graph
 from .options import Options
@@ -39,6 +40,7 @@ class Stats:
     sessions: int = 0  # InferenceSessions created
     runs: int = 0  # session runs
     fallback_ops: dict = dataclasses.field(default_factory=dict)  # aten op -> nodes left to torch
+    frozen: int = 0  # weights that are ONNX Runtime initializers now (Options.freeze_weights)
 
 
 class Backend:
@@ -67,6 +69,7 @@ class Backend:
             sessions=self._sessions.created,
             runs=sum(r.runs for r in self._runners),
             fallback_ops=dict(self._fallback_ops),
+            frozen=sum(len(r.frozen_tensors()) for r in self._runners),
         )
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):
@@ -76,12 +79,19 @@ class Backend:
             raise TypeError(f"ortlite backend: unexpected arguments {sorted(kwargs)}")
         if options:
             return self.for_options(options)(gm, example_inputs)
-        return aot_autograd(
-            fw_compiler=self._compile_forward,
-            bw_compiler=self._compile_backward,
-            decompositions=decomposition_table(),
-            partition_fn=min_cut_rematerialization_partition,
-        )(gm, example_inputs)
+        # Dynamo's example inputs are the real tensors (parameters included): the inference
+        # compiler freezes weights from them. Held only while aot_autograd compiles.
+        dynamo_graph = {"gm": gm, "inputs": list(example_inputs)} if self.options.freeze_weights else {}
+        try:
+            return aot_autograd(
+                fw_compiler=self._compile_forward,
+                bw_compiler=self._compile_backward,
+                inference_compiler=functools.partial(self._compile_inference, dynamo_graph),
+                decompositions=decomposition_table(),
+                partition_fn=min_cut_rematerialization_partition,
+            )(gm, example_inputs)
+        finally:
+            dynamo_graph.clear()
 
     def for_options(self, options: Options | dict) -> "Backend":
         """The Backend (cached) for options passed through torch.compile(options=...)."""
@@ -98,37 +108,49 @@ class Backend:
     def _compile_backward(self, gm, example_inputs):
         return self.compile_graph(gm, "backward")
 
-    def compile_graph(self, gm: torch.fx.GraphModule, kind: str):
+    def _compile_inference(self, dynamo_graph: dict, gm, example_inputs):
+        """A forward graph no output of which needs grad: its weights can be frozen."""
+        frozen = {}
+        if dynamo_graph:
+            lifted = list(getattr(torch._guards.TracingContext.try_get(), "params_flat", None) or ())
+            weights = weight_indices(dynamo_graph["gm"], len(lifted))
+            frozen = frozen_inputs(gm, lifted + dynamo_graph["inputs"], weights)
+        return self.compile_graph(gm, "forward", frozen)
+
+    def compile_graph(self, gm: torch.fx.GraphModule, kind: str, frozen: dict | None = None):
         """One aten graph -> a boxed callable (aot_autograd's convention): a runner when ORT
-        runs all of it, else the graph with its supported parts replaced by runners."""
+        runs all of it, else the graph with its supported parts replaced by runners.
+        frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen)."""
         if kind == "forward":
             alias_views_to_torch(gm)
         if not storage_readers_see_eager_storage(gm):
             warn_once("ortlite: a graph with an as_strided of a layout it cannot reproduce runs in torch")
             self._fallback_ops.update(op_name(n) for n in _calls(gm))
             return make_boxed_func(gm)
-        return self._compile(gm, f"{kind}_{next(_graph_ids)}", boxed=True)
+        return self._compile(gm, f"{kind}_{next(_graph_ids)}", boxed=True, frozen=frozen)
 
-    def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool, specialize: bool = True):
+    def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool, specialize: bool = True, frozen: dict | None = None):
+        """frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen)."""
         # under fallback="error", refused only once no variant could run what is left to torch
-        compiled, runners, unsupported = self._compile_parts(gm, name, boxed, refuse=not specialize)
+        compiled, runners, unsupported = self._compile_parts(gm, name, boxed, refuse=not specialize, frozen=frozen)
         blocked = {n: reason for n, reason in unsupported.items() if is_fallback(n, reason)}
         positions = scalar_arguments(gm, blocked) if specialize else {}
         if positions:  # nodes left to torch for want of numbers that arguments hold
-            specializing = self._specializing(gm, name, blocked, positions, compiled if not boxed else lambda *args: compiled(list(args)), runners, unsupported)
+            generic_run = compiled if not boxed else lambda *args: compiled(list(args))
+            specializing = self._specializing(gm, name, blocked, positions, frozen, generic_run, runners, unsupported)
             return make_boxed_func(specializing) if boxed else specializing
         self._refuse(unsupported)
         self._adopt(runners, unsupported)
         return compiled
 
-    def _specializing(self, gm, name, blocked, positions, generic_run, generic_runners, generic_unsupported) -> Specializing:
+    def _specializing(self, gm, name, blocked, positions, frozen, generic_run, generic_runners, generic_unsupported) -> Specializing:
         """gm compiled per set of values of the arguments at `positions` (see specialize.py);
         the generic compile serves past the variant limit."""
         variants = itertools.count()
 
         def compile_variant(values):
             variant = with_values(gm, blocked, values)
-            run, runners, unsupported = self._compile_parts(variant, f"{name}_v{next(variants)}", boxed=False)
+            run, runners, unsupported = self._compile_parts(variant, f"{name}_v{next(variants)}", boxed=False, frozen=frozen)
             self._adopt(runners, unsupported)
             still_blocked = {n.name for n, reason in unsupported.items() if is_fallback(n, reason)}
             return run, not still_blocked & {n.name for n in blocked}
@@ -140,7 +162,7 @@ class Backend:
 
         return Specializing(positions, compile_variant, generic, name)
 
-    def _compile_parts(self, gm: torch.fx.GraphModule, name: str, boxed: bool, refuse: bool = True):
+    def _compile_parts(self, gm: torch.fx.GraphModule, name: str, boxed: bool, refuse: bool = True, frozen: dict | None = None):
         """(callable, its runners, nodes left to torch with why) for gm."""
         # nodes found unrunnable while building sessions or running them, by op and dtypes
         excluded = {n.name: self._failing[op_signature(n)] for n in _calls(gm) if op_signature(n) in self._failing}
@@ -148,7 +170,7 @@ class Backend:
         with unset_fake_temporarily():
             while True:
                 try:
-                    return self._compile_once(gm, name, excluded, boxed, refuse)
+                    return self._compile_once(gm, name, excluded, boxed, refuse, frozen)
                 except (MissingKernel, NodeNotLowered) as e:
                     if e.node in excluded:
                         raise
@@ -164,10 +186,11 @@ class Backend:
         self._graphs += len(runners)
         self._runners.extend(runners)
 
-    def _after_run_failure(self, gm, name, node_origin, error):
+    def _after_run_failure(self, gm, name, node_origin, runner, error):
         """A runner's ORT run failed: from now on its graph runs as compiled again without
         the failing node's kind (op and dtypes), or all in torch when the error names no
-        node. Returns that callable, taking (*args); this call's result comes from it."""
+        node. Returns that callable, taking (*args); this call's result comes from it.
+        Its weights stay frozen (the runner's frozen tensors are the call's: just checked)."""
         if self.options.fallback == "error":
             raise error
         match = _FAILED_NODE.search(str(error))
@@ -180,7 +203,8 @@ class Backend:
         else:  # the warning comes from _left_to_torch, with the op and reason
             why = reason if "FallbackCheck node" in message else f"ONNX Runtime failed running it: {reason}"
             self._failing[op_signature(culprit)] = why
-            compiled = self._compile(gm, f"{name}_retry", boxed=False, specialize=False)
+            frozen = {i: t for i, t in runner.frozen_tensors().items() if t is not None}
+            compiled = self._compile(gm, f"{name}_retry", boxed=False, specialize=False, frozen=frozen)
         return compiled
 
     def _refuse(self, unsupported: dict) -> None:
@@ -189,21 +213,23 @@ class Backend:
             details = sorted({f"{n.target} ({reason})" for n, reason in unsupported.items() if is_fallback(n, reason)})
             raise UnsupportedError(f"ortlite cannot run these ops in ONNX Runtime: {', '.join(details)}")
 
-    def _compile_once(self, gm, name, excluded, boxed, refuse=True):
+    def _compile_once(self, gm, name, excluded, boxed, refuse=True, frozen=None):
         unsupported = unsupported_nodes(gm, excluded)
         if refuse:
             self._refuse(unsupported)
         box = make_boxed_func if boxed else (lambda f: f)
         if not unsupported:
-            runner = self._runner_or_none(gm, name, boxed=boxed)
+            runner = self._runner_or_none(gm, name, boxed=boxed, frozen=frozen)
             if runner is None:
                 return box(gm), [], {n: "graph failed to compile" for n in _calls(gm)}
             return self._checked(runner, gm, name, boxed=boxed), [runner], {}
         fused, submodule_names = partition(gm, excluded)
         runners = []
+        calls = {n.target: n for n in fused.graph.nodes if n.op == "call_module"}
         for sub_name in submodule_names:
             sub = getattr(fused, sub_name)
-            runner = self._runner_or_none(sub, f"{name}_{sub_name}")
+            sub_weights = sub_frozen(frozen, fused, calls[sub_name]) if frozen else None
+            runner = self._runner_or_none(sub, f"{name}_{sub_name}", frozen=sub_weights)
             if runner is None:
                 unsupported.update({n: "graph failed to compile" for n in _calls(sub)})
                 continue
@@ -218,12 +244,12 @@ class Backend:
             if is_fallback(node, reason):
                 warn_once(f"ortlite: {node.target} runs in torch ({reason})")
 
-    def _runner_or_none(self, gm: torch.fx.GraphModule, name: str, boxed: bool = False):
+    def _runner_or_none(self, gm: torch.fx.GraphModule, name: str, boxed: bool = False, frozen: dict | None = None):
         """A runner for all of gm, or None (with a warning) if lowering or the session
         fails; a missing ORT kernel (MissingKernel) or a node that did not lower
         (NodeNotLowered) propagates, so that the node can be left out."""
         try:
-            return self._build_runner(gm, name, boxed and not self.options.check_baseline)
+            return self._build_runner(gm, name, boxed and not self.options.check_baseline, frozen)
         except (MissingKernel, NodeNotLowered):  # compiled again without the node
             raise
         except Exception as e:
@@ -239,11 +265,13 @@ class Backend:
         checked = _BaselineChecked(runner, gm, name)
         return make_boxed_func(checked) if boxed else checked
 
-    def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool):
+    def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool, frozen: dict | None = None):
         lowered = lower_graph(gm, self.options.opset)
+        # once frozen weights keep changing: the same graph compiled with them bound
+        unfrozen = functools.partial(self._compile, gm, f"{name}_bound", False) if frozen else None
         try:
-            runner = runner_for(name, lowered, gm, self.options, self._sessions, boxed=boxed)
-            runner.on_run_failure = functools.partial(self._after_run_failure, gm, name, lowered.node_origin)
+            runner = runner_for(name, lowered, gm, self.options, self._sessions, boxed=boxed, frozen=frozen, unfrozen=unfrozen)
+            runner.on_run_failure = functools.partial(self._after_run_failure, gm, name, lowered.node_origin, runner)
             return runner
         except Exception as e:
             origin = missing_kernel_origin(e, lowered.node_origin)

@@ -63,6 +63,9 @@ class Options:
     dump_dir: write each compiled graph as .onnx plus its FX graph as text (env ORTLITE_DUMP_DIR).
     check_baseline: also run torch and assert the results match (env ORTLITE_CHECK_BASELINE=1).
     opset: the ONNX opset of the graphs built (>= 18).
+    freeze_weights: in inference graphs (torch.compile under no_grad/inference_mode, or
+        nothing requiring grad), parameters and buffers become ONNX Runtime initializers,
+        watched for changes every call (see ortlite.frozen). False binds them as inputs.
     """
 
     providers: tuple = ()
@@ -74,12 +77,13 @@ class Options:
     dump_dir: str | None = dataclasses.field(default_factory=lambda: os.environ.get("ORTLITE_DUMP_DIR") or None)
     check_baseline: bool = dataclasses.field(default_factory=lambda: _env_flag("ORTLITE_CHECK_BASELINE"))
     opset: int = DEFAULT_OPSET
+    freeze_weights: bool = True
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         set_("providers", _normalize_providers("providers", self.providers))
         set_("default_providers", _normalize_providers("default_providers", self.default_providers))
-        for name in ("infer_providers", "check_baseline"):
+        for name in ("infer_providers", "check_baseline", "freeze_weights"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Options.{name} must be a bool, got {getattr(self, name)!r}")
         if self.session_options is not None and not isinstance(self.session_options, onnxruntime.SessionOptions):

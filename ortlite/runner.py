@@ -13,6 +13,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as C
 from torch.utils._sympy.printers import PythonPrinter
 
 from . import _fast
+from .frozen import FrozenWeights, frozen_model_bytes
 from .lower import LoweredGraph
 from .lower.builder import TORCH_TO_ONNX, sym_expr
 from .session import current_cuda_stream, ort_device
@@ -31,14 +32,20 @@ def output_template(dtype: torch.dtype, shape: tuple, device: torch.device) -> t
     return template
 
 
-def runner_for(name: str, lowered: LoweredGraph, gm, options, sessions, *, boxed: bool = False, cls=_fast.Runner):
+def runner_for(
+    name: str, lowered: LoweredGraph, gm, options, sessions, *, boxed: bool = False, cls=_fast.Runner, frozen=None, unfrozen=None
+):
     """The rest of compiling a lowered graph, shared by torch.compile and ortlite.compile:
-    model transforms, the dump, the session (made or reused; errors propagate), the runner."""
+    model transforms, the dump, the session (made or reused; errors propagate), the runner.
+    frozen: argument index -> tensor, for weights that become initializers of the session
+    (see ortlite.frozen); unfrozen() then gives the callable to use once they keep changing."""
     for transform in options.model_transforms:
         transform(lowered.model)
     if options.dump_dir:
         dump(options.dump_dir, name, lowered.model, gm)
     devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
+    if frozen:
+        return _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen, unfrozen)
     model_bytes = lowered.model.SerializeToString()
 
     def session_for_stream(stream):
@@ -46,6 +53,34 @@ def runner_for(name: str, lowered: LoweredGraph, gm, options, sessions, *, boxed
 
     sess = session_for_stream(current_cuda_stream(devices))
     return build_runner(name, lowered, sess, boxed=boxed, cls=cls, session_for_stream=session_for_stream)
+
+
+def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen: dict, unfrozen):
+    indices = sorted(frozen)
+    names = [lowered.inputs[i].name for i in indices]
+    model_bytes = frozen_model_bytes(lowered.model, dict(zip(names, (frozen[i] for i in indices))))
+
+    def make_session(weights: dict, stream=None):
+        if stream is None:
+            stream = current_cuda_stream(devices)
+        return sessions.frozen(model_bytes, options, devices, stream, lowered.disabled_optimizers, weights)
+
+    if unfrozen is None:  # the same graph with its weights bound as inputs
+
+        def unfrozen():
+            return runner_for(f"{name}_bound", lowered, gm, options, sessions, cls=cls)
+
+    watcher = FrozenWeights(name, indices, names, make_session, unfrozen)
+    runner = None
+
+    def session_for_stream(stream):  # another CUDA stream: a session from the current weights
+        return watcher.session(list(runner.frozen_tensors().values()), stream)
+
+    tensors = [frozen[i] for i in indices]
+    sess = watcher.session(tensors)
+    runner = build_runner(name, lowered, sess, boxed=boxed, cls=cls, session_for_stream=session_for_stream, frozen=set(indices))
+    watcher.attach(runner, tensors)
+    return runner
 
 
 def dump(directory: str, name: str, model, gm) -> None:
@@ -62,15 +97,16 @@ def _is_static(shape) -> bool:
 
 
 def build_runner(
-    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, cls=_fast.Runner, session_for_stream=None
+    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, cls=_fast.Runner, session_for_stream=None, frozen=frozenset()
 ) -> _fast.Runner:
     """session_for_stream: for graphs on CUDA, cudaStream_t (int) -> a session computing on
-    that stream; sess is then the one for the current stream."""
+    that stream; sess is then the one for the current stream. frozen: indices of arguments
+    that are initializers of the session (checked for changes, not bound)."""
     inputs = []
-    for spec in lowered.inputs:
+    for index, spec in enumerate(lowered.inputs):
         kind = _fast.ARG_KINDS[spec.kind]
-        if spec.kind == "unused":
-            inputs.append((kind, None, None, 0, None, -1, None))
+        if spec.kind == "unused" or index in frozen:
+            inputs.append((_fast.ARG_KINDS["frozen"] if index in frozen else kind, None, None, 0, None, -1, None))
             continue
         device = spec.device or torch.device("cpu")
         shape = tuple(d if isinstance(d, int) else -1 for d in spec.shape)
@@ -107,7 +143,7 @@ def build_runner(
         outputs,
         plan,
         scratch,
-        _guard_factory([spec.shape for spec in lowered.inputs if spec.kind == "tensor"]),
+        _guard_factory([spec.shape for i, spec in enumerate(lowered.inputs) if spec.kind == "tensor" and i not in frozen]),
         lowered.returns_tuple,
         boxed,
         _recycle_outputs(lowered),

@@ -91,14 +91,30 @@ def ort_device(device: torch.device) -> C.OrtDevice:
     raise ValueError(f"ortlite: no ONNX Runtime device for torch device {device}")
 
 
-def session_options(options: Options) -> onnxruntime.SessionOptions:
+def session_options(options: Options, fresh: bool = False) -> onnxruntime.SessionOptions:
+    """The user's SessionOptions, or ortlite's. fresh: an object of our own even when the user
+    gave one (its attributes copied), for sessions that add initializers to it."""
     if options.session_options is not None:
-        return options.session_options
+        return _copy(options.session_options) if fresh else options.session_options
     so = onnxruntime.SessionOptions()
     # torch and ORT thread pools side by side: follow what the user asked of torch.
     so.intra_op_num_threads = torch.get_num_threads()
     so.inter_op_num_threads = 1
     so.log_severity_level = 4  # errors reach ortlite as exceptions; it reports what it does not handle
+    return so
+
+
+def _copy(user: onnxruntime.SessionOptions) -> onnxruntime.SessionOptions:
+    """A new SessionOptions with the user's attributes (ORT has no copy; config entries made
+    with add_session_config_entry cannot be listed, so they are not carried over)."""
+    warn_once("ortlite: frozen-weight sessions copy Options.session_options' attributes but not its config entries")
+    so = onnxruntime.SessionOptions()
+    for name, attr in vars(type(user)).items():
+        if isinstance(attr, property) and attr.fset is not None:
+            try:
+                setattr(so, name, getattr(user, name))
+            except Exception:  # write-only or unreadable attributes
+                pass
     return so
 
 
@@ -153,13 +169,26 @@ class SessionCache:
             self.created += 1
         return sess
 
+    def frozen(self, model_bytes, options, devices, stream, disabled_optimizers, weights: dict):
+        """A session whose initializers include `weights` (name -> tensor, by pointer), for one
+        runner alone: never shared through the cache, since its weights are a module's own."""
+        providers = with_compute_stream(resolve_providers(options, devices), stream)
+        sess = create_session(model_bytes, options, providers, devices, disabled_optimizers, weights)
+        self.created += 1
+        return sess
+
     def clear(self):
         self._sessions.clear()
         self.created = 0
 
 
 def create_session(
-    model_bytes: bytes, options: Options, providers: list[tuple], devices: set[torch.device], disabled_optimizers: tuple = ()
+    model_bytes: bytes,
+    options: Options,
+    providers: list[tuple],
+    devices: set[torch.device],
+    disabled_optimizers: tuple = (),
+    weights: dict | None = None,
 ):
     """The pybind session for these providers. Raises ProviderUnavailable when the provider
     the graph's devices need cannot run (ORT itself would fall back to CPU in silence and
@@ -175,9 +204,14 @@ def create_session(
     if skipped:
         warn_once(f"ortlite: execution provider(s) skipped: {'; '.join(skipped)}")
     usable = [(name, opts) for name, opts in providers if not problems[name]]
+    so = session_options(options, fresh=bool(weights))
+    if weights:  # initializers over torch's memory; ORT takes what it needs from them
+        from .frozen import ort_values
+
+        so.add_external_initializers(list(weights), ort_values(weights.values()))
     wrapper = onnxruntime.InferenceSession(
         model_bytes,
-        sess_options=session_options(options),
+        sess_options=so,
         providers=[name for name, _ in usable],
         provider_options=[dict(opts) for _, opts in usable],
         disabled_optimizers=list(disabled_optimizers) or None,

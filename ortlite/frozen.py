@@ -1,0 +1,179 @@
+"""Frozen weights: in inference graphs, parameters and buffers become ONNX Runtime
+initializers (so ORT can fold BatchNorm into Conv, prepack MatMul/Gemm weights and
+constant-fold), and are never stale.
+
+- Which inputs: those aot_autograd marks static (fw_metadata.static_input_indices) that
+  Dynamo read from a module's _parameters/_buffers, that the graph does not mutate, and
+  that are plain dense contiguous tensors.
+- No copy of our own: the ONNX model gets empty external-data stubs for them, and the
+  session takes OrtValues over torch's memory (SessionOptions.add_external_initializers).
+  ORT keeps its own copy of what it needs (a prepacked weight, a folded Conv) and copies
+  the rest (measured: it does not run on external memory in place): one copy of the
+  weights in all, never a protobuf one (no 2 GB protobuf limit either).
+- Never stale: every call, the runner compares each frozen argument with what the session
+  was built from (same tensor object, data pointer, version counter; for buffers, which
+  BatchNorm updates without bumping the version counter, the bytes too: so only small CPU
+  buffers are frozen). A write that bypasses the version counter into a parameter
+  (`p.data.mul_()`, through numpy or DLPack) is not seen. On a change it builds
+  a new session from the current tensors; a graph whose sessions keep going stale within a
+  few calls goes back to binding its weights as inputs (one log line).
+- Memory: the runner holds its frozen tensors by weak reference; when one dies (the model
+  was dropped, a parameter replaced) the frozen session is released at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import onnx
+import onnxruntime
+import torch
+from onnxruntime.capi import onnxruntime_pybind11_state as C
+from torch.utils.dlpack import to_dlpack
+
+from .lower.builder import TORCH_TO_ONNX
+from .logs import warn_once
+
+# A frozen session that served fewer calls than this before its weights changed did not
+# pay for its build; after STALE_QUICKLY_LIMIT such sessions the graph binds its weights.
+MIN_CALLS = 4
+STALE_QUICKLY_LIMIT = 2
+
+
+def weight_indices(dynamo_gm: torch.fx.GraphModule, n_lifted: int) -> set[int]:
+    """Positions (in aot_autograd's flat arguments) of the module parameters and buffers
+    Dynamo passes as graph inputs: those lifted by aot_autograd (n_lifted, first), and
+    Dynamo placeholders read from an nn.Module's _parameters or _buffers."""
+    from torch._dynamo.source import is_from_unspecialized_param_buffer_source
+
+    placeholders = [n for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
+    weights = set(range(n_lifted))
+    for i, node in enumerate(placeholders):
+        source = getattr(node, "_dynamo_source", None)
+        if source is not None and is_from_unspecialized_param_buffer_source(source):
+            weights.add(n_lifted + i)
+    return weights
+
+
+# Buffers are also compared by contents per call (see contents()): only small CPU ones freeze.
+BUFFER_MAX_BYTES = 64 * 1024
+
+
+def freezable(t) -> bool:
+    parameter = type(t) is torch.nn.Parameter
+    return (
+        (parameter or (type(t) is torch.Tensor and t.device.type == "cpu" and t.nbytes <= BUFFER_MAX_BYTES))
+        and t.layout == torch.strided
+        and t.device.type in ("cpu", "cuda")
+        and t.dtype in TORCH_TO_ONNX
+        and t.numel() > 0
+        and t.is_contiguous()
+        and not t.is_inference()  # no version counter to watch
+    )
+
+
+def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: list, weights: set[int]) -> dict[int, torch.Tensor]:
+    """Placeholder index -> real tensor, for the inputs of an inference graph that can be
+    frozen: weights (see weight_indices) that aot_autograd marks static, that this graph
+    does not mutate, with the static shape and dtype the graph was traced with."""
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if metadata is None or not (len(placeholders) == len(real_inputs) == len(metadata.input_info)):
+        return {}
+    result = {}
+    for i in metadata.static_input_indices or ():
+        info, t, val = metadata.input_info[i], real_inputs[i], placeholders[i].meta.get("val")
+        if i not in weights or info.mutates_data or info.mutates_metadata or not freezable(t):
+            continue
+        static = isinstance(val, torch.Tensor) and all(type(d) is int for d in val.shape)  # comparing a SymInt would guard
+        if static and val.dtype == t.dtype and tuple(val.shape) == tuple(t.shape) and placeholders[i].users:
+            result[i] = t
+    return result
+
+
+def sub_frozen(frozen: dict[int, torch.Tensor], parent: torch.fx.GraphModule, call: torch.fx.Node) -> dict[int, torch.Tensor]:
+    """The frozen inputs of a fused submodule, by its own placeholder index, from the call
+    node's arguments (a submodule's placeholders are its call's arguments, in order)."""
+    index = {n: i for i, n in enumerate(n for n in parent.graph.nodes if n.op == "placeholder")}
+    return {j: frozen[index[a]] for j, a in enumerate(call.args) if isinstance(a, torch.fx.Node) and index.get(a) in frozen}
+
+
+def contents(tensors) -> list:
+    """Per tensor, a copy of a buffer's bytes (None for a parameter). BatchNorm's kernels
+    update running statistics in place without bumping the version counter, so the runner
+    compares a frozen buffer's memory with this copy every call (memcmp; buffers are small)."""
+    return [None if type(t) is torch.nn.Parameter else ctypes.string_at(t.data_ptr(), t.nbytes) for t in tensors]
+
+
+def frozen_model_bytes(model: onnx.ModelProto, names: dict[str, torch.Tensor]) -> bytes:
+    """The model with these graph inputs turned into initializers whose data is external
+    (an empty stub: the session gets the values from add_external_initializers)."""
+    frozen = onnx.ModelProto()
+    frozen.CopyFrom(model)
+    kept = [i for i in frozen.graph.input if i.name not in names]
+    del frozen.graph.input[:]
+    frozen.graph.input.extend(kept)
+    for name, tensor in names.items():
+        stub = frozen.graph.initializer.add()
+        stub.name = name
+        stub.data_type = TORCH_TO_ONNX[tensor.dtype]
+        stub.dims.extend(tensor.shape)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        entry = stub.external_data.add()
+        entry.key, entry.value = "location", "ortlite-frozen-weight"  # never read
+    return frozen.SerializeToString()
+
+
+def ort_values(tensors) -> list:
+    """OrtValues over the tensors' memory (DLPack: no copy) for add_external_initializers.
+    ORT reads external initializers on the host (it turns them into TensorProtos pointing at
+    the memory), so CUDA tensors go through a temporary host copy; ORT then copies them to
+    the device itself."""
+    values = []
+    for t in tensors:
+        host = t.detach() if t.device.type == "cpu" else t.detach().cpu()
+        values.append(onnxruntime.OrtValue(C.OrtValue.from_dlpack(to_dlpack(host), t.dtype == torch.bool)))
+    return values
+
+
+class FrozenWeights:
+    """Builds and rebuilds a runner's frozen sessions; decides when to stop freezing.
+
+    make_session(tensors by name, stream) -> a session (stream None: torch's current one).
+    unfrozen() -> a callable taking the graph's arguments, with the weights bound as inputs
+    (used once the weights keep changing, or can no longer be frozen)."""
+
+    def __init__(self, name: str, indices: list[int], input_names: list[str], make_session, unfrozen):
+        self.name, self.indices, self.input_names = name, indices, input_names
+        self.make_session, self.unfrozen = make_session, unfrozen
+        self.runner = None
+        self.layout = None  # (shape, dtype, device) of each frozen tensor: what the model's stubs say
+        self.built_at_run = 0
+        self.stale_quickly = 0
+
+    def session(self, tensors: list, stream=None):
+        return self.make_session(dict(zip(self.input_names, tensors)), stream)
+
+    def attach(self, runner, tensors: list) -> None:
+        self.runner = runner
+        self.layout = [(t.shape, t.dtype, t.device) for t in tensors]
+        runner.on_weights_changed = self.changed
+        runner.set_frozen(self.indices, tensors, None, contents(tensors))
+
+    def changed(self, args) -> None:
+        """The runner saw a frozen argument change (or die): refreeze, or stop freezing."""
+        runner = self.runner
+        if runner.runs - self.built_at_run < MIN_CALLS:
+            self.stale_quickly += 1
+        tensors = [args[i] for i in self.indices]
+        same_layout = [(t.shape, t.dtype, t.device) for t in tensors] == self.layout
+        if self.stale_quickly >= STALE_QUICKLY_LIMIT or not same_layout or not all(map(freezable, tensors)):
+            warn_once(
+                f"ortlite: the weights of graph {self.name} keep changing between calls (or can no longer be frozen): "
+                "bound as inputs from now on (Options(freeze_weights=False) does so from the start)"
+            )
+            runner.unfreeze(self.unfrozen())
+            return
+        self.built_at_run = runner.runs
+        runner.set_frozen(self.indices, tensors, self.session(tensors), contents(tensors))
