@@ -98,6 +98,12 @@ def may_be_empty(t) -> bool:
     return any(may_be_zero(d) for d in t.shape)
 
 
+def known_empty(shape) -> bool:
+    """Does a static size of this shape make it empty? (Symbolic sizes are not compared:
+    that would add a guard; lowerings handle a size that may be 0 at run time.)"""
+    return 0 in [d for d in shape if isinstance(d, int)]
+
+
 def is_static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
 

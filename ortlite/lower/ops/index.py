@@ -12,7 +12,7 @@ from torch.utils._sympy.functions import Max
 
 from ..builder import TORCH_TO_ONNX, Value, sym_expr
 from ..registry import lower
-from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, norm_dim, out_dtype, out_shape, same_shape
+from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, known_empty, norm_dim, out_dtype, out_shape, same_shape
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -411,10 +411,6 @@ def _searchsorted_check(node):
     return None
 
 
-def _known_empty(shape) -> bool:
-    return 0 in [d for d in shape if isinstance(d, int)]
-
-
 def _binary_search(g, node, seq: Value, values, right: bool, out_int32: bool):
     """aten's cus_lower_bound / cus_upper_bound, its loop unrolled: the same answer for any
     input, sorted or not, NaN included."""
@@ -461,7 +457,7 @@ def _binary_search(g, node, seq: Value, values, right: bool, out_int32: bool):
 
 @lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar, check=_searchsorted_check)
 def searchsorted(g, node, seq, values, *, out_int32=False, right=False, side=None, sorter=None):
-    if _known_empty(out_shape(node)) or _known_empty(seq.shape[-1:]):
+    if known_empty(out_shape(node)) or known_empty(seq.shape[-1:]):
         return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
     if sorter is not None:  # aten reads the sequence through sorter
         seq = Value(g.op("GatherElements", seq, g.cast(sorter, torch.int64), axis=-1), seq.dtype, seq.shape)
@@ -470,7 +466,7 @@ def searchsorted(g, node, seq, values, *, out_int32=False, right=False, side=Non
 
 @lower(aten.bucketize.Tensor, aten.bucketize.Scalar, check=_searchsorted_check)
 def bucketize(g, node, values, boundaries, *, out_int32=False, right=False):
-    if _known_empty(out_shape(node)) or _known_empty(boundaries.shape[-1:]):
+    if known_empty(out_shape(node)) or known_empty(boundaries.shape[-1:]):
         return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
     return _binary_search(g, node, boundaries, values, right, out_int32)
 
@@ -498,7 +494,7 @@ def nonzero_static(g, node, x, *, size, fill_value=-1):
     n = math.prod(x.shape)
     shape = out_shape(node)
     size = arg_val(node, 1, "size")  # a SymInt where symbolic
-    if _known_empty(shape):
+    if known_empty(shape):
         return g.op("Expand", g.const(0, torch.int64), g.ints(shape))
     if isinstance(n, int) and n == 0:
         return g.op("Expand", g.const(fill_value, torch.int64), g.ints(shape))

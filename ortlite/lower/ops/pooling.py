@@ -13,7 +13,7 @@ from torch.utils._sympy.functions import Max
 from ..builder import TORCH_TO_ONNX, Value, sym_expr
 from ..registry import lower, meta
 from . import windows
-from .common import any_true, aten, indices_used, arg_val, is_float, is_static, may_be_zero, out_shape
+from .common import any_true, aten, indices_used, arg_val, is_float, is_static, known_empty, may_be_zero, out_shape
 
 
 def _tuple(v, n: int) -> list[int]:
@@ -431,7 +431,7 @@ def adaptive_avg_pool(g, node, x, output_size):
     output_size = [meta(o) for o in node.args[1]]  # SymInts where symbolic
     spatial = len(output_size)
     sizes = x.shape[-spatial:]
-    if 0 in [d for d in out_shape(node) if isinstance(d, int)]:
+    if known_empty(out_shape(node)):
         return g.op("Expand", g.const(0, x.dtype), g.shape(out_shape(node)))
     if is_static(list(sizes) + output_size) and all(s % o == 0 for s, o in zip(sizes, output_size)):
         x4, unbatched = _batched(g, x, spatial)
@@ -458,7 +458,7 @@ def _windows(size: int, out: int) -> torch.Tensor:
 def adaptive_max_pool(g, node, x, output_size):
     output_size = [meta(o) for o in node.args[1]]  # SymInts where symbolic
     spatial = len(output_size)
-    if 0 in [d for d in out_shape(node) if isinstance(d, int)]:
+    if known_empty(out_shape(node)):
         empty = g.op("Expand", g.const(0, x.dtype), g.shape(out_shape(node)))
         return empty, g.op("Expand", g.const(0, torch.int64), g.shape(out_shape(node)))
     if indices_used(node):

@@ -8,7 +8,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import any_true, arg_val, aten, is_float, may_be_zero, norm_dims, out_dtype, where
+from .common import any_true, arg_val, aten, is_float, known_empty, may_be_zero, norm_dims, out_dtype, where
 
 
 def _reduce(g, node, op_type, x, dims, keepdim):
@@ -264,7 +264,7 @@ def _vector_norm(g, node, x, ord, dim, keepdim, input_rank):
 @lower(aten.cumprod.default)
 def cumprod(g, node, x, dim, *, dtype=None):
     x = g.cast(x, out_dtype(node))
-    if x.rank == 0 or 0 in [d for d in x.shape if isinstance(d, int)]:
+    if x.rank == 0 or known_empty(x.shape):
         return g.op("Identity", x)
     axis = norm_dims(dim, x.rank)[0]
     if _spreads(x, axis):
@@ -384,7 +384,7 @@ def _scan(g, xs: list[Value], axis: int, fills: list, combine) -> tuple[Value, .
 @lower(aten.logcumsumexp.default)
 def logcumsumexp(g, node, x, dim):
     x = g.cast(x, out_dtype(node))
-    if x.rank == 0 or 0 in [d for d in x.shape if isinstance(d, int)]:
+    if x.rank == 0 or known_empty(x.shape):
         return g.op("Identity", x)
     axis = norm_dims(dim, x.rank)[0]
     if not _spreads(x, axis):
@@ -408,7 +408,7 @@ def _log_add_exp(g, a: Value, b: Value) -> str:
 @lower(aten.cummax.default, aten.cummin.default)
 def cummax(g, node, x, dim):
     largest = node.target is aten.cummax.default
-    if x.rank == 0 or 0 in [d for d in x.shape if isinstance(d, int)]:
+    if x.rank == 0 or known_empty(x.shape):
         return g.op("Identity", x), g.op("Expand", g.const(0, torch.int64), g.shape(x.shape))
     if x.dtype == torch.bool:  # as 0/1 integers
         values, index = cummax(g, node, g.cast(x, torch.int32), dim)

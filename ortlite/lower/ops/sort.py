@@ -11,7 +11,7 @@ from torch.utils._sympy.functions import Min
 
 from ..builder import Value, sym_expr
 from ..registry import lower
-from .common import any_true, aten, arg_val, indices_used, norm_dim, out_shape
+from .common import any_true, aten, arg_val, indices_used, known_empty, norm_dim, out_shape
 
 WIDER = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
@@ -53,7 +53,7 @@ def _topk(g, node, x: Value, k, dim: int, largest: bool):
     if x.rank == 0:
         return g.op("Identity", x), g.op("Identity", g.const(0, torch.int64))
     axis = norm_dim(dim, x.rank)
-    if 0 in [d for d in values_shape if isinstance(d, int)]:
+    if known_empty(values_shape):
         return g.op("Expand", g.const(0, x.dtype), g.shape(values_shape)), g.op("Expand", g.const(0, torch.int64), g.shape(values_shape))
     key = _sort_key(g, x)
     n = x.shape[axis]
