@@ -346,6 +346,7 @@ WHOLE_WITH_CHANGING_SIZES = {
     "interpolate_nearest": lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
     "interpolate_size": lambda x: F.interpolate(x, size=(x.shape[-2] * 2, x.shape[-1] + 1), mode="bilinear"),
     "conv": lambda x: F.conv2d(x, torch.ones(4, 3, 3, 3), stride=2, padding=1),
+    "conv_padding_from_the_sizes": lambda x: F.conv2d(x, torch.ones(4, 3, 3, 3), padding=(x.shape[-2] // 4, x.shape[-1] % 3)),
     "conv_transpose": lambda x: F.conv_transpose2d(x, torch.ones(3, 2, 3, 3), stride=2, padding=1),
     "layer_norm_symbolic_shape": lambda x: F.layer_norm(x, x.shape[-1:]),
     "group_norm": lambda x: F.group_norm(x, 3),
@@ -496,6 +497,9 @@ def test_adaptive_average_pooling_gradients_with_changing_sizes(dynamic):
 INT_ARGUMENT_OPS = {
     "unfold": lambda x, a, b: x.unfold(1, a, b) * 1,
     "nonzero_static": lambda x, a, b: torch.nonzero_static(x > 0.5, size=a + b) + 0,
+    "conv_padding": lambda x, a, b: F.conv1d(x.unsqueeze(0), torch.ones(2, 3, 3), padding=a) * 1,
+    "conv_padding_2d": lambda x, a, b: F.conv2d(x.view(1, 1, 3, -1), torch.ones(2, 1, 2, 3), padding=(b, a), stride=2),
+    "repeat_interleave": lambda x, a, b: torch.repeat_interleave(torch.arange(a) % 3 + 1, output_size=b) * 1,
 }
 
 
@@ -508,8 +512,56 @@ def test_window_and_size_arguments_that_change_between_calls(case, dynamic):
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
     for n, a, b in [(10, 3, 2), (13, 4, 3), (9, 2, 5), (20, 6, 4)]:
         x = torch.randn(3, n)
+        if case == "repeat_interleave":  # output_size must be the sum of the repeats
+            b = int((torch.arange(a) % 3 + 1).sum())
         assert torch.equal(compiled(x, a, b), fn(x, a, b)), (n, a, b)
     assert backend.stats.fallback_ops == {}
+    if case != "unfold":  # unfold's window size must be a number: a graph per value
+        # the static first call, then Dynamo's recompiles as sizes and ints turn symbolic; a
+        # graph per value of the ints would make 4 or more
+        assert backend.stats.graphs <= 3, backend.stats
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_a_view_whose_size_is_divided_by_an_int_argument(dynamic):
+    torch._dynamo.reset()  # x.view(-1, a): the size 3n // a, with a of unknown sign to ShapeEnv
+    fn = lambda x, a: x.view(-1, a) * 2  # noqa: E731
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for n, a in [(12, 4), (10, 5), (9, 3), (20, 6), (7, 21)]:
+        x = torch.randn(3, n)
+        got, expected = compiled(x, a), fn(x, a)
+        assert got.shape == expected.shape and torch.equal(got, expected), (n, a)
+    assert backend.stats.fallback_ops == {}
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, 1.5, float("inf")])
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_pdist_with_changing_row_and_column_counts(p, dynamic):
+    torch._dynamo.reset()
+    fn = lambda x: F.pdist(x, p)  # noqa: E731
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for n, d in [(5, 3), (8, 4), (2, 7), (11, 2), (6, 6)]:
+        x = torch.randn(n, d)
+        x[1, 0] = float("nan") if n == 8 else x[1, 0]
+        got, expected = compiled(x), fn(x)
+        assert got.shape == expected.shape, (n, d)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True, msg=lambda m: f"{n}x{d}: {m}")
+    assert backend.stats.fallback_ops == {}
+
+
+def test_det_with_a_symbolic_size_past_what_onnx_runtime_matches_goes_to_torch(caplog):
+    torch._dynamo.reset()
+    backend = ortlite.Backend()
+    compiled = torch.compile(torch.linalg.det, backend=backend, dynamic=True)
+    for n in (3, 5, 16, 17, 24, 4):
+        x = torch.randn(2, n, n) + 2 * torch.eye(n)
+        torch.testing.assert_close(compiled(x), torch.linalg.det(x), rtol=2e-5, atol=1e-6, msg=lambda m: f"n={n}: {m}")
+        if n == 16:
+            assert backend.stats.fallback_ops == {}, "det is lowered while the matrices are small"
+    assert list(backend.stats.fallback_ops) == ["aten._linalg_det.default"], backend.stats.fallback_ops
+    assert sum("larger than 16 x 16" in r.getMessage() for r in caplog.records) == 1
 
 
 def _pool_input(kind, h, w):

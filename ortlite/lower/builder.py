@@ -262,13 +262,20 @@ class GraphBuilder:
                 result = self.op("Mul", result, base)
         elif isinstance(expr, FloorDiv) and _exact_quotient(*expr.args) is not None:
             result = self._sym(_exact_quotient(*expr.args))
-        elif isinstance(expr, (FloorDiv, CeilDiv, PythonMod, Mod)) and self._positive(expr.args[1]):
-            # divisors known positive only: integer division by zero would crash ORT
+        elif isinstance(expr, (FloorDiv, CeilDiv, PythonMod, Mod)):
             a, b = self._sym(expr.args[0]), self._sym(expr.args[1])
-            if isinstance(expr, CeilDiv):
-                a = self.op("Add", a, self.op("Sub", b, self.const(1, torch.int64)))
+            if not self._positive(expr.args[1]):
+                # an int argument, say, of either sign: integer division by zero would crash
+                # ONNX Runtime, so 0 is replaced, and the call raises as Python would
+                zero = self.op("Equal", b, self.const(0, torch.int64))
+                self.fail_if(zero, f"integer division by zero computing the size {expr}")
+                b = self.op("Where", zero, self.const(1, torch.int64), b)
+            if isinstance(expr, CeilDiv):  # ceil(a / b) = -floor(-a / b)
+                a = self.op("Neg", a)
             mod = self.op("Mod", a, b, fmod=0)  # Python's sign convention
             result = mod if isinstance(expr, (PythonMod, Mod)) else self.op("Div", self.op("Sub", a, mod), b)
+            if isinstance(expr, CeilDiv):
+                result = self.op("Neg", result)
         elif isinstance(expr, sympy.Mul) and any(a.is_Rational and not a.is_Integer for a in expr.args):
             # c * rest with a fraction c = p/q: ShapeEnv writes this only where it knows q
             # divides p * rest (an integer size), so (p * rest) // q is exact

@@ -520,9 +520,12 @@ def _repeat_interleave_check(node):
 def repeat_interleave(g, node, repeats, *, output_size=None):
     # output j holds the i whose repeats end after j: the count of running ends <= j
     length = out_shape(node)[0]
-    if length == 0:
+    if known_empty([length]):
         return g.op("Expand", g.const(0, out_dtype(node)), g.ints([0]))
     ends = g.op("CumSum", g.op("Reshape", g.cast(repeats, torch.int64), g.ints([1, -1])), g.const(1, torch.int64))
-    j = g.const(torch.arange(length, dtype=torch.int64).view(length, 1))
+    if isinstance(length, int):
+        j = g.const(torch.arange(length, dtype=torch.int64).view(length, 1))
+    else:
+        j = g.op("Unsqueeze", g.op("Range", g.const(0, torch.int64), g.sym(length), g.const(1, torch.int64)), g.ints([1]))
     counts = g.op("ReduceSum", g.op("Cast", g.op("LessOrEqual", ends, j), to=TORCH_TO_ONNX[torch.int64]), g.ints([1]), keepdims=0)
     return g.cast(Value(counts, torch.int64, (length,)), out_dtype(node))

@@ -6,10 +6,11 @@ import math
 import operator
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..builder import Value
 from ..registry import lower
-from .common import any_true, aten, arg_val, as_value, is_float, may_be_zero, out_dtype, out_shape
+from .common import any_true, aten, arg_val, as_value, is_float, is_static, known_empty, may_be_zero, out_dtype, out_shape
 
 
 def _empty_inner(a) -> bool:
@@ -159,12 +160,28 @@ def _pdist_check(node):
 @lower(aten._pdist_forward.default, check=_pdist_check)
 def pdist(g, node, x, p=2.0):
     n = x.shape[0]
+    if not is_static(x.shape):
+        return _symbolic_pdist(g, x, p)
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
     if not pairs or x.shape[1] == 0:
         return g.op("Expand", g.const(0, x.dtype), g.ints(out_shape(node)))
     first = g.op("Gather", x, g.ints([i for i, _ in pairs]), axis=0)
     second = g.op("Gather", x, g.ints([j for _, j in pairs]), axis=0)
     return _p_distance(g, g.op("Sub", first, second), p, x.dtype, 1)
+
+
+def _symbolic_pdist(g, x: Value, p) -> str:
+    """pdist with sizes known only at run time: the distances of all pairs (i, j), then the
+    pairs i < j in row-major order, aten's order."""
+    n = g.op("Gather", g.op("Shape", x), g.const(0, torch.int64))
+    rows = g.op("Range", g.const(0, torch.int64), n, g.const(1, torch.int64))
+    upper = g.op("Less", g.op("Unsqueeze", rows, g.ints([1])), g.op("Unsqueeze", rows, g.ints([0])))
+    diff = g.op("Sub", g.op("Unsqueeze", x, g.ints([1])), g.op("Unsqueeze", x, g.ints([0])))
+    distances = _p_distance(g, diff, p, x.dtype, -1)
+    if math.isinf(p):  # no columns: ReduceMax of nothing is -inf, aten's distance is 0
+        columns = g.op("Gather", g.op("Shape", x), g.const(1, torch.int64))
+        distances = g.op("Where", g.op("Equal", columns, g.const(0, torch.int64)), g.const(0.0, x.dtype), distances)
+    return g.op("Compress", g.op("Reshape", distances, g.ints([-1])), g.op("Reshape", upper, g.ints([-1])), axis=0)
 
 
 # ONNX Runtime's Det (an LU factorization like aten's, pivoted differently) is as accurate
@@ -179,13 +196,19 @@ def _det_check(node):
         return f"det of {x.dtype} (ONNX Runtime's Det is float32 only)"
     if any(user.target is not operator.getitem or user.args[1] != 0 for user in node.users):
         return "the LU factors of det are used"
-    if x.shape[-1] > DET_MAX:
+    if statically_known_true(x.shape[-1] > DET_MAX):
         return f"det of a matrix larger than {DET_MAX} x {DET_MAX}"
     return None
 
 
 @lower(aten._linalg_det.default, check=_det_check)
 def linalg_det(g, node, x):
-    if 0 in x.shape:  # a 0 x 0 matrix has determinant 1; no matrices: an empty result
+    if known_empty(x.shape):  # a 0 x 0 matrix has determinant 1; no matrices: an empty result
         return g.op("Expand", g.const(1.0, x.dtype), g.ints(out_shape(node))), None, None
+    n = x.shape[-1]
+    if not statically_known_true(n <= DET_MAX):  # a size known only at run time
+        g.fallback_if(g.op("Greater", g.sym(n), g.const(DET_MAX, torch.int64)), f"det of a matrix larger than {DET_MAX} x {DET_MAX}")
+    if any(may_be_zero(d) for d in x.shape):
+        empty = g.op("Equal", g.op("ReduceMin", g.op("Shape", x), keepdims=0), g.const(0, torch.int64))
+        g.fallback_if(empty, "det of an empty batch or a 0 x 0 matrix with symbolic sizes")
     return g.op("Det", x), None, None

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..builder import TORCH_TO_ONNX, Value
-from ..registry import lower
+from ..registry import lower, meta
 from . import windows
 from .common import arg_val, aten, is_float, is_static, may_be_empty, norm_dim, out_dtype, out_shape
 
@@ -78,6 +78,8 @@ def _conv_check(node):
     x = node.args[0].meta["val"]
     if x.dim() not in (3, 4, 5):
         return "unbatched convolution input"
+    if isinstance(node.args[8], torch.fx.Node):
+        return "a group count known only at run time (ONNX wants it as a number)"
     if is_float(x.dtype):
         return None
     weight, out = arg_val(node, 1), out_shape(node)
@@ -98,6 +100,11 @@ def convolution(g, node, x, weight, bias, stride, padding, dilation, transposed,
         sources = [source(out[i], x.shape[2 + i], kernel[i], stride[i], padding[i], dilation[i]) for i in range(spatial)]
         table = windows.window_table(sources, list(x.shape[2:]))
         return windows.int_convolution(g, x, weight, bias, out_shape(node), table, int(groups), transposed, out_dtype(node))
+    if not transposed and not is_static(padding):
+        # padding known only at run time: zeros added by Pad, as Conv's own pads would
+        padding = [meta(p) for p in node.args[4]] * (spatial if len(node.args[4]) == 1 else 1)
+        x = g.op("Pad", x, g.shape([0, 0, *padding, 0, 0, *padding]))
+        padding = [0] * spatial
     if transposed and any(o >= s for o, s in zip(output_padding, stride)):
         return _wide_output_padding(g, node, x, weight, bias, stride, padding, dilation, groups)
     return g.op(

@@ -9,7 +9,7 @@ import torch
 
 from torch.utils._sympy.functions import Max
 
-from ..builder import Value, sym_expr
+from ..builder import SymbolicShapeError, Value, sym_expr
 from ..registry import lower, meta
 from .common import arg_val, aten, fills_its_storage, has_contiguous_strides, is_static, may_be_zero, norm_dim, out_dtype, out_shape
 
@@ -21,7 +21,27 @@ def reshape_to(g, x, shape):
     if constant is not None:  # no shape arithmetic in the graph for ONNX Runtime to run per call
         return g.op("Reshape", x, g.ints(constant))
     # allowzero: a 0 in the target shape means an empty dim, not "copy the input's dim"
-    return g.op("Reshape", x, g.shape(shape), allowzero=1)
+    try:
+        return g.op("Reshape", x, g.shape(shape), allowzero=1)
+    except SymbolicShapeError:
+        return g.op("Reshape", x, _inferring_one(g, shape), allowzero=1)
+
+
+def _inferring_one(g, shape) -> Value:
+    """A Reshape target where one size cannot be computed in ONNX (s0 // s1 with s1 an int
+    argument whose sign ShapeEnv does not know): -1 there, which Reshape infers from the
+    element count, exactly as aten inferred it. Where the other sizes multiply to 0 ONNX
+    Runtime refuses at run time, and the node goes to torch."""
+    parts, unknown = [], 0
+    for d in shape:
+        try:
+            parts.append(d if isinstance(d, int) else g.sym(d))
+        except SymbolicShapeError:
+            parts.append(-1)
+            unknown += 1
+    if unknown != 1:
+        raise SymbolicShapeError(f"cannot compute the sizes {list(shape)} of a reshape in ONNX")
+    return g.shape(parts)
 
 
 def _constant_reshape(source, target) -> list[int] | None:
