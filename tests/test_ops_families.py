@@ -820,3 +820,43 @@ def test_histc():
             torch.histc(bad, 4)
         with pytest.raises(RuntimeError, match="histc: range of .* is not finite"):
             compiled(bad)
+
+
+# --- transformers' MoE grouped matmul (a custom op, lowered by name) ----------------------
+
+GROUPED_OFFSETS = {
+    "uneven": [2, 2, 5],  # expert 1 gets no rows
+    "all_to_the_last": [0, 0, 7],
+    "rows_past_the_end": [3, 5, 6],  # row 6 belongs to no expert: zeros
+    "none": [0, 0, 0],
+    "past_the_rows": [4, 9, 12],  # aten's slices stop at the last row
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", sorted(GROUPED_OFFSETS))
+def test_transformers_grouped_mm_matches_eager(case, dtype):
+    pytest.importorskip("transformers.integrations.moe", reason="the op is registered by transformers")
+    op = torch.ops.transformers.grouped_mm_fallback
+    fn = lambda x, w, offs: op(x, w, offs) * 1  # noqa: E731
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    w = torch.randn(3, 4, 5, dtype=dtype)
+    for rows in (7, 9, 7):  # the row count changes between calls
+        x = torch.randn(rows, 4, dtype=dtype)
+        offs = torch.tensor(GROUPED_OFFSETS[case], dtype=torch.int32)
+        torch.testing.assert_close(compiled(x, w, offs), fn(x, w, offs), rtol=1e-6, atol=1e-6)
+    assert backend.stats.fallback_ops == {}
+
+
+def test_transformers_grouped_mm_with_decreasing_offsets_runs_in_torch():
+    pytest.importorskip("transformers.integrations.moe", reason="the op is registered by transformers")
+    op = torch.ops.transformers.grouped_mm_fallback
+    fn = lambda x, w, offs: op(x, w, offs) * 1  # noqa: E731
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend)
+    x, w = torch.randn(7, 4), torch.randn(3, 4, 5)
+    good, bad = torch.tensor([2, 4, 7]), torch.tensor([5, 2, 7])  # eager: rows 5:2 are empty
+    torch.testing.assert_close(compiled(x, w, good), fn(x, w, good))
+    torch.testing.assert_close(compiled(x, w, bad), fn(x, w, bad))
+    assert list(backend.stats.fallback_ops) == ["transformers.grouped_mm_fallback.default"]

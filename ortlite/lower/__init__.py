@@ -12,7 +12,7 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
-from .registry import LOWERINGS, meta, no_new_guards, shape_env_of, unsupported_reason
+from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
 
@@ -81,12 +81,14 @@ def _scalar_kind(val) -> str | None:
 
 
 def lower_graph(
-    gm: torch.fx.GraphModule, opset: int, constants: dict | None = None, symbol_ranges: dict | None = None
+    gm: torch.fx.GraphModule, opset: int, constants: dict | None = None, symbol_ranges: dict | None = None, *, stable_ties: bool = False
 ) -> LoweredGraph:
     """constants: placeholder name -> tensor, for placeholders that become initializers
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
-    overriding the ShapeEnv's (torch.export's range_constraints are the user's Dims)."""
+    overriding the ShapeEnv's (torch.export's range_constraints are the user's Dims).
+    stable_ties: Options.sort_ties == "stable"."""
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
+    g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
     env: dict[torch.fx.Node, object] = {}
     inputs: list[InputSpec] = []
@@ -201,7 +203,7 @@ def _lower_node(g: GraphBuilder, node: torch.fx.Node, env: dict):
     if reason is not None:
         raise LoweringError(f"{node.target}: {reason}")
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
-    result = LOWERINGS[node.target].fn(g, node, *args, **kwargs)
+    result = lowering_for(node.target).fn(g, node, *args, **kwargs)
     val = meta(node)
     if val is None:  # an assertion node: no value
         return None

@@ -35,7 +35,16 @@ class Lowering:
     check: Callable[[torch.fx.Node], str | None] | None
 
 
-LOWERINGS: dict[object, Lowering] = {}
+LOWERINGS: dict[object, Lowering] = {}  # by OpOverload; custom ops of libraries ortlite does not import by name
+
+
+def lowering_for(target) -> Lowering | None:
+    """The lowering of an FX node's target: its OpOverload, or for a custom op its name
+    ("transformers.grouped_mm_fallback.default")."""
+    lowering = LOWERINGS.get(target)
+    if lowering is None and isinstance(target, torch._ops.OpOverload):
+        lowering = LOWERINGS.get(str(target))
+    return lowering
 
 
 def lower(*targets, check: Callable[[torch.fx.Node], str | None] | None = None):
@@ -110,7 +119,7 @@ def _returns_nothing(target) -> bool:
 
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when ortlite can lower this node exactly; else why not."""
-    lowering = LOWERINGS.get(node.target)
+    lowering = lowering_for(node.target)
     if lowering is None:
         return "no lowering"
     if "val" not in node.meta and not _returns_nothing(node.target):
