@@ -120,7 +120,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
             raise CompileError(f"ortlite.compile: unsupported exported input kind {spec.kind} ({spec.target})")
 
     ranges = {symbol: (finite_int(r.lower), finite_int(r.upper)) for symbol, r in program.range_constraints.items()}
-    lowered = lower_graph(gm, options.opset, constants, ranges)
+    lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable")
     mutations = [
         (spec.kind, spec.target if spec.kind == OutputKind.BUFFER_MUTATION else _user_input_index(signature, spec.target))
         for spec in signature.output_specs

@@ -63,6 +63,12 @@ class Options:
     dump_dir: write each compiled graph as .onnx plus its FX graph as text (env ORTLITE_DUMP_DIR).
     check_baseline: also run torch and assert the results match (env ORTLITE_CHECK_BASELINE=1).
     opset: the ONNX opset of the graphs built (>= 18).
+    sort_ties: where the keys of a sort or topk (not stable=True) tie and its indices are
+        used, aten's order of the tied indices is its kernel's (x86-simd-sort, std::sort),
+        which no lowering reproduces. "torch" (default) runs such a call in torch, so the
+        indices are eager's; "stable" orders ties by index in ONNX Runtime: an order aten's
+        contract allows, the values identical, the indices of tied keys possibly not
+        eager's (MoE routers sort expert ids, all ties, and only regroup by them).
     freeze_weights: in inference graphs (torch.compile under no_grad/inference_mode, or
         nothing requiring grad), parameters and buffers become ONNX Runtime initializers,
         watched for changes every call (see ortlite.frozen). False binds them as inputs.
@@ -78,6 +84,7 @@ class Options:
     check_baseline: bool = dataclasses.field(default_factory=lambda: _env_flag("ORTLITE_CHECK_BASELINE"))
     opset: int = DEFAULT_OPSET
     freeze_weights: bool = True
+    sort_ties: str = "torch"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -90,6 +97,8 @@ class Options:
             raise TypeError(f"Options.session_options must be an onnxruntime.SessionOptions, got {type(self.session_options).__name__}")
         if self.fallback not in ("torch", "error"):
             raise ValueError(f"Options.fallback must be 'torch' or 'error', got {self.fallback!r}")
+        if self.sort_ties not in ("torch", "stable"):
+            raise ValueError(f"Options.sort_ties must be 'torch' or 'stable', got {self.sort_ties!r}")
         transforms = self.model_transforms
         if callable(transforms):
             transforms = (transforms,)

@@ -262,6 +262,7 @@ def test_options_through_torch_compile_route_to_a_cached_backend():
     "kwargs,error,match",
     [
         ({"fallback": "maybe"}, ValueError, "fallback"),
+        ({"sort_ties": "index"}, ValueError, "sort_ties"),
         ({"opset": 11}, ValueError, "opset"),
         ({"opset": "20"}, TypeError, "opset"),
         ({"infer_providers": "yes"}, TypeError, "infer_providers"),

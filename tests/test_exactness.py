@@ -297,6 +297,29 @@ def test_unstable_sort_and_topk_indices_run_in_ort_until_values_tie(case):
     assert len(backend.stats.fallback_ops) == 1
 
 
+@pytest.mark.parametrize("case", sorted(SORTS_WITH_INDICES))
+def test_sort_ties_stable_orders_ties_by_index_in_ort(case):
+    """Options(sort_ties="stable"): ties stay in ONNX Runtime, ordered as a stable sort
+    orders them (aten's own stable sort is the reference); the values are eager's."""
+    fn = SORTS_WITH_INDICES[case]
+    backend = ortlite.Backend(ortlite.Options(sort_ties="stable"))
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    stable = {"sort": lambda x: torch.sort(x, dim=-1, stable=True), "sort_descending": lambda x: torch.sort(x, dim=0, descending=True, stable=True),
+              "argsort": lambda x: torch.argsort(x, dim=-1, stable=True)}
+    for odd in (torch.randint(0, 3, (6, 40)).float(), torch.full((6, 40), float("nan")), torch.zeros(6, 40)):
+        odd[1, 1:5] = -0.0
+        got, expected = _outputs(compiled(odd)), _outputs(fn(odd))
+        assert torch.equal(got[0].nan_to_num(), expected[0].nan_to_num()) or case == "argsort"
+        if case in stable:
+            for g_, s_ in zip(got, _outputs(stable[case](odd))):
+                assert torch.equal(g_.nan_to_num(), s_.nan_to_num())
+        else:  # topk: the indices pick the values, ties included
+            values, indices = got
+            dim = -1 if case != "topk_smallest" else 0
+            assert torch.equal(odd.gather(dim, indices).nan_to_num(), values.nan_to_num())
+    assert backend.stats.fallback_ops == {}
+
+
 def test_max_pool_nan_values_and_indices():
     x = torch.randn(1, 2, 6, 6)
     x[0, 0, 1, 1] = float("nan")

@@ -131,6 +131,7 @@ class GraphBuilder:
         self.symbol_sources: dict[sympy.Symbol, tuple[str, int | None]] = {}
         self.deferred_inputs: dict[sympy.Symbol, Any] = {}  # symbol -> () -> name of an input added for it
         self.shape_env = None  # the ShapeEnv of the graph's symbols (value ranges, simplification)
+        self.stable_ties = False  # Options.sort_ties == "stable": tied sort keys ordered by index
         self._sym_values: dict[sympy.Expr, Value] = {}
         self.dtypes: set[torch.dtype] = set()  # of inputs, outputs, constants and casts
         self.failures: list[tuple[str, str, bool]] = []  # (0-d bool value, message, to torch): fail_if, fallback_if

@@ -57,7 +57,7 @@ def _topk(g, node, x: Value, k, dim: int, largest: bool):
         return g.op("Expand", g.const(0, x.dtype), g.shape(values_shape)), g.op("Expand", g.const(0, torch.int64), g.shape(values_shape))
     key = _sort_key(g, x)
     n = x.shape[axis]
-    if _tie_order_matters(node):
+    if _tie_order_matters(node) and not g.stable_ties:
         # the k + 1 largest keys strictly ordered: then every algorithm picks the same
         # indices in the same order, aten's included; equal ones: torch computes this call
         m = sym_expr(k) + 1
