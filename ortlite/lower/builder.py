@@ -226,6 +226,11 @@ class GraphBuilder:
         parts = [self.ints([d]) if isinstance(d, int) else self.op("Reshape", self._size(d), self.ints([1])) for d in dims]
         return Value(self.op("Concat", *parts, axis=0), torch.int64, (len(dims),))
 
+    def arange(self, n) -> str:
+        """0, 1, ..., n - 1 (int64); n an int, a SymInt, or a 0-d int64 value."""
+        end = n if isinstance(n, str) else self.sym(n)
+        return self.op("Range", self.const(0, torch.int64), end, self.const(1, torch.int64))
+
     def _size(self, d) -> Value:
         return d if isinstance(d, Value) else self.sym(d)  # a Value: an FX size node, already lowered
 

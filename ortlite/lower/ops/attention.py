@@ -53,8 +53,8 @@ def _causal_allowed(g, length, source):
     """(length, source) bool: query i sees keys 0..i (top-left aligned)."""
     if isinstance(length, int) and isinstance(source, int):
         return g.const(torch.ones(length, source, dtype=torch.bool).tril())
-    rows = g.op("Unsqueeze", g.op("Range", g.const(0, torch.int64), g.sym(length), g.const(1, torch.int64)), g.ints([1]))
-    cols = g.op("Range", g.const(0, torch.int64), g.sym(source), g.const(1, torch.int64))
+    rows = g.op("Unsqueeze", g.arange(length), g.ints([1]))
+    cols = g.arange(source)
     return g.op("LessOrEqual", cols, rows)
 
 

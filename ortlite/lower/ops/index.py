@@ -500,7 +500,7 @@ def nonzero_static(g, node, x, *, size, fill_value=-1):
         return g.op("Expand", g.const(fill_value, torch.int64), g.ints(shape))
     mask = g.op("Cast", g.op("Reshape", g.cast(x, torch.bool), g.shape([1, n])), to=TORCH_TO_ONNX[torch.int64])
     running = g.op("CumSum", mask, g.const(1, torch.int64))
-    k = g.op("Unsqueeze", g.op("Range", g.const(0, torch.int64), g.sym(size), g.const(1, torch.int64)), g.ints([1]))
+    k = g.op("Unsqueeze", g.arange(size), g.ints([1]))
     flat = g.op("ReduceSum", g.op("Cast", g.op("LessOrEqual", running, k), to=TORCH_TO_ONNX[torch.int64]), g.ints([1]), keepdims=1)
     strides = [math.prod(x.shape[d + 1 :]) for d in range(x.rank)]
     # the divisors are sizes: 0 only when x is empty, and then no row reads them
@@ -526,6 +526,6 @@ def repeat_interleave(g, node, repeats, *, output_size=None):
     if isinstance(length, int):
         j = g.const(torch.arange(length, dtype=torch.int64).view(length, 1))
     else:
-        j = g.op("Unsqueeze", g.op("Range", g.const(0, torch.int64), g.sym(length), g.const(1, torch.int64)), g.ints([1]))
+        j = g.op("Unsqueeze", g.arange(length), g.ints([1]))
     counts = g.op("ReduceSum", g.op("Cast", g.op("LessOrEqual", ends, j), to=TORCH_TO_ONNX[torch.int64]), g.ints([1]), keepdims=0)
     return g.cast(Value(counts, torch.int64, (length,)), out_dtype(node))

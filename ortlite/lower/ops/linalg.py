@@ -206,8 +206,7 @@ def pdist(g, node, x, p=2.0):
 def _symbolic_pdist(g, x: Value, p) -> str:
     """pdist with sizes known only at run time: the distances of all pairs (i, j), then the
     pairs i < j in row-major order, aten's order."""
-    n = g.op("Gather", g.op("Shape", x), g.const(0, torch.int64))
-    rows = g.op("Range", g.const(0, torch.int64), n, g.const(1, torch.int64))
+    rows = g.arange(x.shape[0])
     upper = g.op("Less", g.op("Unsqueeze", rows, g.ints([1])), g.op("Unsqueeze", rows, g.ints([0])))
     diff = g.op("Sub", g.op("Unsqueeze", x, g.ints([1])), g.op("Unsqueeze", x, g.ints([0])))
     distances = _p_distance(g, diff, p, x.dtype, -1)

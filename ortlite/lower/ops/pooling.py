@@ -369,8 +369,8 @@ def _adaptive_windows(g, size, out) -> Value:
         return g.const(_windows(size, out))
     i64 = lambda v: g.const(v, torch.int64)  # noqa: E731
     size_, out_ = g.sym(size), g.sym(out)
-    rows = g.op("Unsqueeze", g.op("Range", i64(0), out_, i64(1)), g.ints([1]))  # (out, 1)
-    cols = g.op("Range", i64(0), size_, i64(1))  # (size,)
+    rows = g.op("Unsqueeze", g.arange(out_), g.ints([1]))  # (out, 1)
+    cols = g.arange(size_)  # (size,)
     start = g.op("Div", g.op("Mul", rows, size_), out_)
     end = g.op("Div", g.op("Add", g.op("Mul", g.op("Add", rows, i64(1)), size_), g.op("Sub", out_, i64(1))), out_)
     inside = g.op("And", g.op("GreaterOrEqual", cols, start), g.op("Less", cols, end))

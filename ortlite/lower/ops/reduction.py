@@ -442,7 +442,7 @@ def _scanned_cummax(g, x: Value, axis: int, largest: bool):
     shape = [1] * x.rank
     shape[axis] = -1
     n = g.sym(x.shape[axis])
-    positions = g.op("Reshape", g.op("Range", g.const(0, torch.int64), n, g.const(1, torch.int64)), g.ints(shape))
+    positions = g.op("Reshape", g.arange(n), g.ints(shape))
     index = Value(g.op("Expand", positions, g.shape(x.shape)), torch.int64, x.shape)
     fill = float("-inf" if largest else "inf") if is_float(x.dtype) else (torch.iinfo(x.dtype).min if largest else torch.iinfo(x.dtype).max)
 

@@ -374,9 +374,8 @@ def unfold(g, node, x, dimension, size, step):
     if is_static([windows, size, step]):
         index = g.const(torch.tensor([[w * step + i for i in range(size)] for w in range(windows)], dtype=torch.int64).view(windows, size))
     else:  # window w, element i: w * step + i
-        zero, one = g.const(0, torch.int64), g.const(1, torch.int64)
-        starts = g.op("Mul", g.op("Range", zero, g.sym(windows), one), g.sym(step))
-        index = g.op("Add", g.op("Unsqueeze", starts, g.ints([1])), g.op("Range", zero, g.sym(size), one))
+        starts = g.op("Mul", g.arange(windows), g.sym(step))
+        index = g.op("Add", g.op("Unsqueeze", starts, g.ints([1])), g.arange(size))
     gathered = g.op("Gather", x, index, axis=dim)
     # Gather puts (windows, size) at dim; aten puts the window elements last
     perm = list(range(dim + 1)) + list(range(dim + 2, x.rank + 1)) + [dim + 1]
