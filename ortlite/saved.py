@@ -80,7 +80,8 @@ def save(compiled, path, external_data: bool | None = None) -> None:
             os.remove(data_path)
         external_data_helper.convert_model_to_external_data(model, all_tensors_to_one_file=True, location=location)
         external_data_helper.write_external_data_tensors(model, os.path.dirname(path) or ".")
-    metadata["graph_bytes"] = model.graph.ByteSize()  # as written: a cheap check against truncation and edits
+    # metadata_props is serialized after the graph: a file cut short anywhere loses it or
+    # fails to parse (tested), so truncation needs no check of its own
     del model.metadata_props[:]  # [a loaded model's own entry]
     entry = model.metadata_props.add()
     entry.key, entry.value = KEY, json.dumps(metadata, allow_nan=False)
@@ -233,10 +234,6 @@ def _read(path: str, data: bytes):
         raise _Invalid(f"its ortlite metadata is not valid JSON with a format version: {e}") from None
     if not isinstance(version, int) or version > FORMAT:
         raise _Invalid(f"it was written in ortlite format {version!r}; this ortlite reads format {FORMAT} and older")
-    if metadata.get("graph_bytes") != model.graph.ByteSize():
-        raise _Invalid(
-            f"its graph is {model.graph.ByteSize()} bytes, but {metadata.get('graph_bytes')} were saved: truncated or edited"
-        )
     external = any(
         t.data_location == onnx.TensorProto.EXTERNAL for t in external_data_helper._get_all_tensors(model)
     )
