@@ -18,7 +18,7 @@ from .decomp import export_decomposition_table
 from .dynamo_backend import missing_kernel_origin
 from .lower import finite_int, lower_graph
 from .options import Options
-from .partition import unsupported_nodes
+from .partition import source_line, unsupported_nodes
 from .runner import runner_for
 from .session import SessionCache
 
@@ -191,9 +191,8 @@ def _refuse_unsupported(gm: torch.fx.GraphModule) -> None:
 
 def _source(gm: torch.fx.GraphModule, node_name: str) -> str:
     node = next((n for n in gm.graph.nodes if n.name == node_name), None)
-    trace = (node.meta.get("stack_trace") or "").strip().splitlines() if node is not None else []
-    files = [line.strip() for line in trace if line.strip().startswith("File ")]
-    return f", from {files[-1]}" if files else ""
+    line = source_line(node) if node is not None else ""
+    return f", from {line}" if line else ""
 
 
 def _user_input_index(signature, name) -> int:

@@ -227,3 +227,76 @@ def test_load_bert_in_a_fresh_process(tmp_path):
         if times[-1] <= min(0.5, compile_seconds / 4):
             break
     assert min(times) <= 0.5 and min(times) <= compile_seconds / 4, (times, compile_seconds)
+
+
+def airy_after_sin(x):
+    y = torch.sin(x) * 2
+    z = torch.special.airy_ai(y)  # no lowering: runs in torch
+    return z + 1
+
+
+def test_explain_names_the_op_left_to_torch_its_reason_and_source():
+    x = torch.randn(4)
+    report = ortlite.explain(airy_after_sin, x)
+    (graph,) = report.graphs
+    assert graph.ort_ops == {"aten.sin.default": 1, "aten.mul.Tensor": 1, "aten.add.Tensor": 1}
+    ((op, reason, source),) = graph.torch_ops
+    assert (op, reason) == ("aten.special_airy_ai.default", "no lowering")
+    assert source == f'File "{__file__}", line {airy_after_sin.__code__.co_firstlineno + 2}, in airy_after_sin: z = torch.special.airy_ai(y)  # no lowering: runs in torch'
+    assert len(graph.sessions) == 2 and graph.providers == ["CPUExecutionProvider"]
+    table = str(report)
+    for text in ("aten.special_airy_ai.default", "no lowering", "in airy_after_sin: z = torch.special.airy_ai(y)", "aten.sin.default", "2 session(s) on CPUExecutionProvider"):
+        assert text in table, table
+
+
+def test_explain_fusions():
+    """ONNX Runtime fuses MatMul+Add into Gemm-like ops and folds BatchNorm into the
+    convolution when the weights are initializers (frozen, under no_grad)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        report = ortlite.explain(model, torch.randn(1, 3, 8, 8))
+    (graph,) = report.graphs
+    assert graph.torch_ops == []
+    (session,) = graph.sessions
+    ops = report.fusions()[session]
+    assert ops["BatchNormalization"] == (1, 0) and ops["Relu"] == (1, 0), ops
+    assert "BatchNormalization  1 -> 0" in report.table(fusions=True)
+
+
+def test_onnxruntime_log_stays_off_stderr(capfd, caplog):
+    """A compile that hits missing kernels (erf in float64, sin in bfloat16 on CPU), an op
+    left to torch and a failed run: what ortlite handles goes to the "ortlite" logger, and
+    nothing of ONNX Runtime's own log reaches stderr (fd 2, where its C++ logger writes)."""
+    import logging
+
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    # the check can fail: plain onnxruntime with its default log level writes an [E:onnxruntime line
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("i", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    plain = onnxruntime.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9).SerializeToString())
+    with pytest.raises(Exception, match="out of data bounds"):
+        plain.run(None, {"x": np.zeros(4, np.float32), "i": np.array([9])})
+    assert "[E:onnxruntime" in capfd.readouterr().err
+
+    caplog.set_level(logging.WARNING, logger="ortlite")
+
+    def f(x, y, t, i):
+        return torch.special.airy_ai(torch.erf(x) + 1), torch.sin(y.bfloat16()).float(), torch.index_select(t, 0, i) * 2
+
+    backend = ortlite.Backend()
+    fn = torch.compile(f, backend=backend)
+    x, y, t = torch.randn(4, dtype=torch.float64), torch.randn(3), torch.randn(4, 3)
+    fn(x, y, t, torch.tensor([0, 3]))
+    with pytest.raises(IndexError):  # ONNX Runtime fails the run; torch then raises as eager does
+        fn(x, y, t, torch.tensor([0, 7]))
+    assert set(backend.stats.fallback_ops) == {"aten.erf.default", "aten.special_airy_ai.default", "aten.sin.default", "aten.index_select.default"}
+    assert "[E:onnxruntime" not in capfd.readouterr().err
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "ortlite")
+    for text in ("aten.erf.default runs in torch (ONNX Runtime has no kernel", "aten.sin.default runs in torch", "aten.index_select", "no lowering"):
+        assert text in logged, logged
