@@ -93,6 +93,37 @@ def test_save_load_structured(tmp_path, bind_weights):
     assert_same(ortlite.load(tmp_path / "again.onnx")(x, pair, scale=scale)[0]["a"], expected[0]["a"])
 
 
+class ScaleBy(torch.nn.Module):
+    def forward(self, x, n: int):
+        return x * n + x.shape[0]
+
+
+def test_save_load_int_argument_and_options(tmp_path):
+    x = torch.randn(3, 4)
+    compiled = ortlite.compile(ScaleBy(), (x, 2), dynamic_shapes={"x": {0: Dim("b")}, "n": Dim.DYNAMIC})
+    compiled.save(tmp_path / "scale.onnx")
+    seen = []
+    loaded = ortlite.load(tmp_path / "scale.onnx", options={"model_transforms": [lambda m: seen.append(len(m.graph.node))]})
+    assert seen == [len(compiled.onnx_model.graph.node)]
+    for n, rows in ((5, 2), (-3, 6)):
+        x = torch.randn(rows, 4)
+        assert_same(loaded(x, n), compiled(x, n))
+    with pytest.raises(TypeError, match="unknown ortlite option"):
+        ortlite.load(tmp_path / "scale.onnx", options={"bogus": 1})
+
+
+def test_mutated_buffer_file_runs_in_plain_onnxruntime(tmp_path):
+    model = Structured()
+    x, pair, scale = torch.randn(3, 8), (torch.randn(5, 2), torch.randn(5, 2)), torch.tensor(2.0)
+    ortlite.compile(model, (x, pair), {"scale": scale}).save(tmp_path / "m.onnx")
+    sess = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    feeds = dict(zip([i.name for i in sess.get_inputs()][-4:], (t.numpy() for t in (x, *pair, scale))))
+    new_calls, a, b = sess.run(None, feeds)[:3]  # the buffer's default is its initializer
+    assert new_calls.tolist() == [1.0]
+    with torch.no_grad():
+        assert_same(torch.from_numpy(a), model.lin(x) * scale)
+
+
 class Wide(torch.nn.Module):
     def __init__(self):
         super().__init__()
