@@ -33,7 +33,8 @@ class CompiledModel(_fast.Runner):
     """A model compiled ahead of time. Calling it goes straight into the Cython runner.
 
     onnx_model: the onnx.ModelProto; providers: the session's execution providers;
-    save(path): a self-contained .onnx file that plain onnxruntime runs.
+    save(path): a self-contained .onnx file that plain onnxruntime runs and ortlite.load
+    turns back into a CompiledModel.
     """
 
     def save(self, path, external_data: bool | None = None) -> None:

@@ -234,9 +234,7 @@ def _read(path: str, data: bytes):
         raise _Invalid(f"its ortlite metadata is not valid JSON with a format version: {e}") from None
     if not isinstance(version, int) or version > FORMAT:
         raise _Invalid(f"it was written in ortlite format {version!r}; this ortlite reads format {FORMAT} and older")
-    external = any(
-        t.data_location == onnx.TensorProto.EXTERNAL for t in external_data_helper._get_all_tensors(model)
-    )
+    external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
     if external:
         try:
             external_data_helper.load_external_data_for_model(model, os.path.dirname(path) or ".")
