@@ -251,7 +251,7 @@ def test_load_bert_in_a_fresh_process(tmp_path):
     script.write_text(BERT_LOAD)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(ortlite.__file__)), os.environ.get("PYTHONPATH", "")])}
     times = []
-    for _ in range(2):  # a second fresh process only if the first was slowed by the shared machine
+    for _ in range(3):  # another fresh process only if one was slowed by the shared machine
         run = subprocess.run([sys.executable, str(script), str(tmp_path / "bert.onnx"), str(tmp_path / "io.pt")], capture_output=True, text=True, env=env)
         assert run.returncode == 0, run.stderr[-3000:]
         times.append(float(run.stdout.split()[-1]))
