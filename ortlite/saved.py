@@ -244,7 +244,7 @@ def _read(path: str, data: bytes):
         lowered, saved = _decode(model, metadata)
     except _Invalid:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:  # torch.device("?") is a RuntimeError
         raise _Invalid(f"malformed ortlite metadata ({type(e).__name__}: {e})") from None
     saved["external"] = external
     return model, lowered, saved
@@ -357,7 +357,7 @@ def _dim(e):
 def _decode_expr(j, symbols: dict):
     if isinstance(j, bool):
         return sympy.true if j else sympy.false
-    if isinstance(j, int):
+    if isinstance(j, int) and -(2**63) <= j < 2**63:
         return sympy.Integer(j)
     if isinstance(j, str):
         if j not in symbols:
@@ -370,8 +370,8 @@ def _decode_expr(j, symbols: dict):
         if head == "Float" and len(args) == 1 and isinstance(args[0], str):
             float(args[0])  # a number, else ValueError
             return sympy.Float(args[0])
-        if head in FUNCTIONS:
-            return FUNCTIONS[head](*(_decode_expr(a, symbols) for a in args))
+        if head in FUNCTIONS:  # as saved, already simplified: not evaluated again (a file could ask for 10**10**9)
+            return FUNCTIONS[head](*(_decode_expr(a, symbols) for a in args), evaluate=False)
     raise _Invalid(f"malformed ortlite metadata: size expression {j!r}")
 
 

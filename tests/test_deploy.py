@@ -184,9 +184,10 @@ def _rewrite_metadata(path, change):
         (lambda m: m["outputs"][0].update(index=3), "malformed ortlite metadata: output from ort 3 of 1"),
         (lambda m: m["inputs"][0].update(shape=[["Add", "__import__('os')", 1], 64]), "unknown size symbol"),
         (lambda m: m.update(out_spec="[1, {"), "its outputs structure cannot be read"),
+        (lambda m: m["inputs"][0].update(device="warp:0"), "malformed ortlite metadata \\(RuntimeError: .*warp"),
         (lambda m: m.pop("in_spec"), "malformed ortlite metadata \\(KeyError: 'in_spec'\\)"),
     ],
-    ids=["newer", "dtype", "name", "index", "expression", "spec", "missing"],
+    ids=["newer", "dtype", "name", "index", "expression", "spec", "device", "missing"],
 )
 def test_tampered_metadata(tmp_path, change, problem):
     path = _saved_mlp(tmp_path)
