@@ -133,11 +133,12 @@ class Wide(torch.nn.Module):
         return torch.relu(self.lin(x))
 
 
-def test_external_data(tmp_path):
+def test_external_data(tmp_path, monkeypatch):
     model, x = Wide(), torch.randn(2, 64)
     compiled = ortlite.compile(model, (x,))
     path = tmp_path / "wide.onnx"
-    compiled.save(path, external_data=True)  # what models over 2 GB get without asking
+    monkeypatch.setattr(ortlite.saved, "PROTOBUF_LIMIT", 10_000)  # as if it were over 2 GB
+    compiled.save(path)
     data = tmp_path / "wide.onnx.data"
     assert data.stat().st_size >= 64 * 64 * 4 > path.stat().st_size
     loaded = ortlite.load(path)
@@ -147,6 +148,9 @@ def test_external_data(tmp_path):
     data.write_bytes(data.read_bytes()[:1000])
     with pytest.raises(ValueError, match=f"{path}: cannot read its external data"):
         ortlite.load(path)
+    monkeypatch.undo()
+    compiled.save(path)  # small: one file, and the stale .data is not read
+    assert_same(ortlite.load(path)(x), compiled(x))
 
 
 def _saved_mlp(tmp_path):
