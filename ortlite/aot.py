@@ -18,7 +18,7 @@ from .decomp import export_decomposition_table
 from .dynamo_backend import missing_kernel_origin
 from .lower import finite_int, lower_graph
 from .options import Options
-from .partition import unsupported_nodes
+from .partition import source_line, unsupported_nodes
 from .runner import runner_for
 from .session import SessionCache
 
@@ -33,24 +33,41 @@ class CompiledModel(_fast.Runner):
     """A model compiled ahead of time. Calling it goes straight into the Cython runner.
 
     onnx_model: the onnx.ModelProto; providers: the session's execution providers;
-    save(path): a self-contained .onnx file that plain onnxruntime runs.
+    save(path): a self-contained .onnx file that plain onnxruntime runs and ortlite.load
+    turns back into a CompiledModel.
     """
 
-    def save(self, path) -> None:
-        onnx.save(self.onnx_model_for_saving(), path)
+    def save(self, path, external_data: bool | None = None) -> None:
+        """Write the model, with what ortlite.load needs to rebuild this CompiledModel, as one
+        .onnx file (see ortlite.saved). external_data: weights in a file beside it
+        (`<name>.data`); None: only when the model is over protobuf's 2 GB limit."""
+        from .saved import save
+
+        save(self, path, external_data)
 
     def onnx_model_for_saving(self) -> onnx.ModelProto:
-        """The model with weights bound by pointer turned into initializers (current values)."""
+        """The model with its current weights as initializers: weights bound by pointer stop
+        being inputs, except buffers the model mutates, which stay inputs whose initializer
+        is their default (plain onnxruntime uses it; ortlite.load binds them again)."""
+        from .lower.builder import to_tensor_proto
+
         model = copy.deepcopy(self.onnx_model)
+        mutated = self._mutated_weight_names()
         bound = {name: tensor for name, tensor in zip(self._weight_input_names, self._weights) if name}
         if bound:
-            from .lower.builder import to_tensor_proto
-
-            kept = [i for i in model.graph.input if i.name not in bound]
+            kept = [i for i in model.graph.input if i.name not in bound or i.name in mutated]
             del model.graph.input[:]
             model.graph.input.extend(kept)
+            others = [t for t in model.graph.initializer if t.name not in bound]
+            del model.graph.initializer[:]
+            model.graph.initializer.extend(others)
             model.graph.initializer.extend(to_tensor_proto(t.detach().cpu().contiguous(), n) for n, t in bound.items())
         return model
+
+    def _mutated_weight_names(self) -> set:
+        """ONNX input names of the bound weights that are buffers the model mutates."""
+        buffers = {target for kind, target in self._mutations if kind == OutputKind.BUFFER_MUTATION}
+        return {name for name, target in zip(self._weight_input_names, self._weight_targets) if target in buffers}
 
 
 class _StructuredCompiledModel(CompiledModel):
@@ -108,12 +125,13 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     state = {**program.state_dict, **program.constants}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     mutated_buffers = set(signature.buffers_to_mutate.values())
-    weights, constants = [], {}
+    weights, weight_targets, constants = [], [], {}
     for spec, node in zip(signature.input_specs, placeholders):
         if spec.kind in WEIGHT_KINDS:
             tensor = state[spec.target]
             if bind_weights or spec.target in mutated_buffers:
                 weights.append(tensor)
+                weight_targets.append(spec.target)
             else:
                 constants[node.name] = tensor
         elif spec.kind != InputKind.USER_INPUT:
@@ -127,21 +145,37 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)
     ]
     in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
-    simple = not weights and not mutations and _is_plain_tuple_call(in_spec) and _is_plain_output(out_spec)
-    cls = CompiledModel if simple else _StructuredCompiledModel
-    lowered.returns_tuple = not (simple and out_spec.is_leaf())  # a single output comes back bare
+    cls = model_class(lowered, bool(weights), mutations, in_spec, out_spec)
     try:
         compiled = runner_for("aot", lowered, gm, options, SessionCache(), cls=cls)
     except Exception as e:
         origin = missing_kernel_origin(e, lowered.node_origin)
         where = f" (node {origin}{_source(gm, origin)})" if origin else ""
         raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
+    buffers = dict(module.named_buffers()) if module is not None else {k: v for k, v in state.items()}
+    return attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutations, buffers)
+
+
+def model_class(lowered, has_weights: bool, mutations: list, in_spec, out_spec) -> type:
+    """CompiledModel, or _StructuredCompiledModel when calls need more than runner(*tensors);
+    sets lowered.returns_tuple to match (a single output comes back bare)."""
+    simple = not has_weights and not mutations and _is_plain_tuple_call(in_spec) and _is_plain_output(out_spec)
+    lowered.returns_tuple = not (simple and out_spec.is_leaf())
+    return CompiledModel if simple else _StructuredCompiledModel
+
+
+def attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutations, buffers) -> CompiledModel:
+    """What a CompiledModel keeps beside its runner (ortlite.compile and ortlite.load).
+    weights: tensors bound by pointer, ahead of the call's arguments; weight_targets: their
+    names in the model's state; buffers: name -> tensor that buffer mutations write to."""
     compiled.onnx_model = lowered.model
+    compiled._lowered = lowered
     compiled._weights = tuple(weights)
     compiled._weight_input_names = [spec.name for spec in lowered.inputs[: len(weights)]]
+    compiled._weight_targets = list(weight_targets)
     compiled._in_spec, compiled._out_spec = in_spec, out_spec
     compiled._mutations = mutations
-    compiled._buffers = dict(module.named_buffers()) if module is not None else {k: v for k, v in state.items()}
+    compiled._buffers = buffers
     return compiled
 
 
@@ -158,9 +192,8 @@ def _refuse_unsupported(gm: torch.fx.GraphModule) -> None:
 
 def _source(gm: torch.fx.GraphModule, node_name: str) -> str:
     node = next((n for n in gm.graph.nodes if n.name == node_name), None)
-    trace = (node.meta.get("stack_trace") or "").strip().splitlines() if node is not None else []
-    files = [line.strip() for line in trace if line.strip().startswith("File ")]
-    return f", from {files[-1]}" if files else ""
+    line = source_line(node) if node is not None else ""
+    return f", from {line}" if line else ""
 
 
 def _user_input_index(signature, name) -> int:

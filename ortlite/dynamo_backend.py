@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import functools
 import itertools
+import operator
 import re
 
 import torch
@@ -22,7 +23,16 @@ from .frozen import frozen_inputs, sub_frozen, weight_indices
 from .logs import warn_once
 from .lower import LoweringError, NodeNotLowered, lower_graph
 from .options import Options
-from .partition import alias_views_to_torch, fallback_counts, is_fallback, op_name, partition, storage_readers_see_eager_storage, unsupported_nodes
+from .partition import (
+    alias_views_to_torch,
+    fallback_counts,
+    is_fallback,
+    op_name,
+    partition,
+    source_line,
+    storage_readers_see_eager_storage,
+    unsupported_nodes,
+)
 from .runner import runner_for
 from .session import SessionCache
 from .specialize import Specializing, scalar_arguments, with_values
@@ -43,6 +53,25 @@ class Stats:
     frozen: int = 0  # weights that are ONNX Runtime initializers now (Options.freeze_weights)
 
 
+@dataclasses.dataclass
+class GraphReport:
+    """What became of one compiled aten graph (kept per compile, for ortlite.explain)."""
+
+    name: str  # e.g. forward_0; a retry after an ONNX Runtime failure or a variant is a graph of its own
+    ort_ops: dict  # aten op -> nodes that run in ONNX Runtime
+    torch_ops: list  # (aten op, why, the user's source line or "") per node left to torch
+    sessions: list  # names of the runners (one ONNX Runtime session each)
+    providers: list  # their execution providers
+
+    @classmethod
+    def of(cls, name: str, gm: torch.fx.GraphModule, runners: list, unsupported: dict) -> "GraphReport":
+        calls = [n for n in _calls(gm) if n.target is not operator.getitem]
+        ort = collections.Counter(op_name(n) for n in calls if n not in unsupported)
+        left = [(op_name(n), reason, source_line(n)) for n, reason in unsupported.items() if n.target is not operator.getitem]
+        providers = sorted({p for r in runners for p in r.providers})
+        return cls(name, dict(ort), left, [r.name for r in runners], providers)
+
+
 class Backend:
     """A torch.compile backend running graphs in ONNX Runtime; owns its caches and stats."""
 
@@ -58,6 +87,7 @@ class Backend:
         self._runners: list = []
         self._graphs = 0
         self._fallback_ops: collections.Counter = collections.Counter()
+        self._reports: list[GraphReport] = []
         self._failing: dict[tuple, str] = {}  # op signature -> why ONNX Runtime failed running it
         for other in self._by_options.values():
             other.reset()
@@ -71,6 +101,11 @@ class Backend:
             fallback_ops=dict(self._fallback_ops),
             frozen=sum(len(r.frozen_tensors()) for r in self._runners),
         )
+
+    @property
+    def graph_reports(self) -> list[GraphReport]:
+        """Per compiled graph: ops in ONNX Runtime, ops left to torch and why (see ortlite.explain)."""
+        return list(self._reports)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):
         options = kwargs.pop("options", None)
@@ -123,11 +158,14 @@ class Backend:
         frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen)."""
         if kind == "forward":
             alias_views_to_torch(gm)
+        name = f"{kind}_{next(_graph_ids)}"
         if not storage_readers_see_eager_storage(gm):
-            warn_once("ortlite: a graph with an as_strided of a layout it cannot reproduce runs in torch")
+            why = "a graph with an as_strided of a layout it cannot reproduce runs in torch"
+            warn_once(f"ortlite: {why}")
             self._fallback_ops.update(op_name(n) for n in _calls(gm))
+            self._reports.append(GraphReport.of(name, gm, [], {n: why for n in _calls(gm)}))
             return make_boxed_func(gm)
-        return self._compile(gm, f"{kind}_{next(_graph_ids)}", boxed=True, frozen=frozen)
+        return self._compile(gm, name, boxed=True, frozen=frozen)
 
     def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool, specialize: bool = True, frozen: dict | None = None):
         """frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen)."""
@@ -140,7 +178,7 @@ class Backend:
             specializing = self._specializing(gm, name, blocked, positions, frozen, generic_run, runners, unsupported)
             return make_boxed_func(specializing) if boxed else specializing
         self._refuse(unsupported)
-        self._adopt(runners, unsupported)
+        self._adopt(name, gm, runners, unsupported)
         return compiled
 
     def _specializing(self, gm, name, blocked, positions, frozen, generic_run, generic_runners, generic_unsupported) -> Specializing:
@@ -150,14 +188,15 @@ class Backend:
 
         def compile_variant(values):
             variant = with_values(gm, blocked, values)
-            run, runners, unsupported = self._compile_parts(variant, f"{name}_v{next(variants)}", boxed=False, frozen=frozen)
-            self._adopt(runners, unsupported)
+            variant_name = f"{name}_v{next(variants)}"
+            run, runners, unsupported = self._compile_parts(variant, variant_name, boxed=False, frozen=frozen)
+            self._adopt(variant_name, variant, runners, unsupported)
             still_blocked = {n.name for n, reason in unsupported.items() if is_fallback(n, reason)}
             return run, not still_blocked & {n.name for n in blocked}
 
         def generic():
             self._refuse(generic_unsupported)
-            self._adopt(generic_runners, generic_unsupported)
+            self._adopt(name, gm, generic_runners, generic_unsupported)
             return generic_run
 
         return Specializing(positions, compile_variant, generic, name)
@@ -180,11 +219,12 @@ class Backend:
                         if n.op == "call_function" and op_signature(n) == op_signature(culprit):
                             excluded[n.name] = e.reason
 
-    def _adopt(self, runners: list, unsupported: dict) -> None:
-        """Count a compiled graph's runners and warn about what it leaves to torch."""
+    def _adopt(self, name: str, gm: torch.fx.GraphModule, runners: list, unsupported: dict) -> None:
+        """Count a compiled graph's runners, warn about what it leaves to torch, report it."""
         self._left_to_torch(unsupported)
         self._graphs += len(runners)
         self._runners.extend(runners)
+        self._reports.append(GraphReport.of(name, gm, runners, unsupported))
 
     def _after_run_failure(self, gm, name, node_origin, runner, error):
         """A runner's ORT run failed: from now on its graph runs as compiled again without
@@ -272,6 +312,8 @@ class Backend:
         try:
             runner = runner_for(name, lowered, gm, self.options, self._sessions, boxed=boxed, frozen=frozen, unfrozen=unfrozen)
             runner.on_run_failure = functools.partial(self._after_run_failure, gm, name, lowered.node_origin, runner)
+            if frozen:  # for ortlite.explain's fusions: which ONNX inputs became initializers
+                runner.frozen_names = {i: lowered.inputs[i].name for i in frozen}
             return runner
         except Exception as e:
             origin = missing_kernel_origin(e, lowered.node_origin)
@@ -327,4 +369,4 @@ class _BaselineChecked:
         return got
 
 
-__all__ = ["Backend", "Stats", "UnsupportedError", "LoweringError"]
+__all__ = ["Backend", "GraphReport", "Stats", "UnsupportedError", "LoweringError"]

@@ -49,6 +49,16 @@ def op_name(node: torch.fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
+def source_line(node: torch.fx.Node) -> str:
+    """The user's line a node comes from ('File "m.py", line 3, in f: y = x.cumsum(0)'), or ""."""
+    lines = [line.strip() for line in (node.meta.get("stack_trace") or "").strip().splitlines()]
+    last = max((i for i, line in enumerate(lines) if line.startswith("File ")), default=None)
+    if last is None:
+        return ""
+    code = lines[last + 1] if last + 1 < len(lines) and not lines[last + 1].startswith("File ") else ""
+    return f"{lines[last]}: {code}" if code else lines[last]
+
+
 def is_fallback(node: torch.fx.Node, reason: str) -> bool:
     """Is a node left to torch a loss (counted, warned about), not torch's part by design?"""
     return node.target is not operator.getitem and reason != ALIAS_VIEW

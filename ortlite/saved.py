@@ -1,0 +1,422 @@
+"""Saved models: CompiledModel.save writes one .onnx file that plain onnxruntime runs, with
+what ortlite.load needs to rebuild the CompiledModel in its metadata_props (key "ortlite",
+JSON: no pickle, nothing executable). ortlite.load reads it back without torch.export or
+the model's code, checking the metadata against the graph.
+
+The metadata: a format version; the runner's arguments (kind, ONNX name, dtype, device,
+shape: ints, or size expressions as JSON trees over named symbols with their sympy
+assumptions and ranges); where each output comes from; the pytree specs of the call
+(torch's treespec_dumps, JSON); mutations; and the buffers the model mutates.
+
+Weights: initializers in the file. Weights bound by pointer (bind_weights=True) are written
+with their current values and are constants of the loaded model; buffers the model mutates
+stay graph inputs whose initializer is their default, and the loaded model owns a copy it
+binds and updates, as the compiled one updates the module's buffers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import onnx
+import sympy
+import torch
+import torch.utils._sympy.functions as torch_sympy
+from onnx import external_data_helper, numpy_helper
+from sympy.core.assumptions import _assume_defined
+from torch.export.graph_signature import OutputKind
+from torch.utils import _pytree as pytree
+
+from .lower import InputSpec, LoweredGraph, OutputSpec
+from .lower.builder import TORCH_TO_ONNX
+from .options import Options
+
+KEY = "ortlite"
+FORMAT = 1
+PROTOBUF_LIMIT = 2**31 - 2**20  # a little under protobuf's 2 GB: the rest of the model needs room too
+
+# The classes a size expression may be built from; anything else is refused (save) or an error (load).
+FUNCTIONS = {
+    cls.__name__: cls
+    for cls in (
+        sympy.Add, sympy.Mul, sympy.Pow, sympy.Mod, sympy.Max, sympy.Min, sympy.floor, sympy.ceiling, sympy.Abs,
+        sympy.Equality, sympy.Unequality, sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan,
+        sympy.GreaterThan, sympy.And, sympy.Or, sympy.Not,
+    )
+}
+FUNCTIONS.update(
+    (name, obj)
+    for name, obj in vars(torch_sympy).items()
+    if isinstance(obj, type) and issubclass(obj, sympy.Basic) and obj.__module__ == torch_sympy.__name__
+)
+SYMBOL_NAME = re.compile(r"[a-z]+[0-9]+")  # ShapeEnv's names (s0, u3); they become names in generated code
+DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in TORCH_TO_ONNX}
+MUTATION_KINDS = {kind.name: kind for kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)}
+KINDS = ("tensor", "int", "float", "bool", "unused")
+
+
+class _Invalid(Exception):
+    """What is wrong with a saved file; load turns it into a ValueError naming the file."""
+
+
+# ---------------------------------------------------------------- save
+
+
+def save(compiled, path, external_data: bool | None = None) -> None:
+    path = os.fspath(path)
+    model = compiled.onnx_model_for_saving()
+    for tensor in model.graph.initializer:
+        if any(e.key == "location" and e.value == "ortlite-frozen-weight" for e in tensor.external_data):
+            raise ValueError(f"ortlite: cannot save {path}: weight {tensor.name} is a frozen-weight stub, not data")
+    metadata = _metadata(compiled)
+    if external_data is None:
+        external_data = model.ByteSize() > PROTOBUF_LIMIT
+    if external_data:
+        location = os.path.basename(path) + ".data"
+        data_path = os.path.join(os.path.dirname(path) or ".", location)
+        if os.path.exists(data_path):  # onnx appends to an existing file
+            os.remove(data_path)
+        external_data_helper.convert_model_to_external_data(model, all_tensors_to_one_file=True, location=location)
+        external_data_helper.write_external_data_tensors(model, os.path.dirname(path) or ".")
+    # metadata_props is serialized after the graph: a file cut short anywhere loses it or
+    # fails to parse (tested), so truncation needs no check of its own
+    del model.metadata_props[:]  # [a loaded model's own entry]
+    entry = model.metadata_props.add()
+    entry.key, entry.value = KEY, json.dumps(metadata, allow_nan=False)
+    onnx.save_model(model, path)
+
+
+def _metadata(compiled) -> dict:
+    lowered: LoweredGraph = compiled._lowered
+    n_weights = len(compiled._weights)
+    mutated_buffers = {target for kind, target in compiled._mutations if kind == OutputKind.BUFFER_MUTATION}
+    kept = [i for i in range(n_weights) if compiled._weight_targets[i] in mutated_buffers]
+    for i in kept:
+        if lowered.inputs[i].name is None:
+            raise ValueError(f"ortlite: cannot save a model that mutates buffer {compiled._weight_targets[i]} without reading it")
+    arguments = kept + list(range(n_weights, len(lowered.inputs)))
+    index = {old: new for new, old in enumerate(arguments)}  # the loaded runner's argument positions
+    symbols: dict[str, sympy.Symbol] = {}
+    expr = lambda e: _encode(e, symbols)  # noqa: E731
+
+    def moved(i):
+        if i not in index:
+            raise ValueError("ortlite: cannot save a model that returns one of its bound weights (bind_weights=True)")
+        return index[i]
+
+    outputs = []
+    for o in lowered.outputs:
+        entry = {"source": o.source, "as_scalar": o.as_scalar}
+        if o.source == "sym":
+            entry["value"] = expr(o.value)
+        elif o.source == "const":
+            if not (o.value is None or isinstance(o.value, (bool, int, float))):
+                raise ValueError(f"ortlite: cannot save a model with the constant output {o.value!r}")
+            entry["value"] = o.value
+        else:
+            entry["index"] = moved(o.index) if o.source == "input" else o.index
+        outputs.append(entry)
+    ranges = dict(lowered.symbol_ranges)
+    metadata = {
+        "format": FORMAT,
+        "inputs": [_spec(lowered.inputs[i], expr) for i in arguments],
+        "ort_outputs": [_spec(o, expr) for o in lowered.ort_outputs],
+        "outputs": outputs,
+        "sizes": [{"symbol": expr(s), "sources": [[moved(a), d] for a, d in sources]} for s, sources in lowered.symbols.items()],
+        "failures": [[i, message, to_torch] for i, message, to_torch in lowered.failures],
+        "disabled_optimizers": list(lowered.disabled_optimizers),
+        "bound": [{"input": lowered.inputs[i].name, "buffer": compiled._weight_targets[i]} for i in kept],
+        "mutations": [[kind.name, target] for kind, target in compiled._mutations],
+        "in_spec": pytree.treespec_dumps(compiled._in_spec),
+        "out_spec": pytree.treespec_dumps(compiled._out_spec),
+    }
+    # symbols last: the expressions above collected them
+    metadata["symbols"] = {
+        name: {"assumptions": _assumptions(s), "range": list(ranges.get(s, (None, None)))} for name, s in symbols.items()
+    }
+    return metadata
+
+
+def _spec(spec: InputSpec, expr) -> dict:
+    if spec.kind == "unused":
+        return {"kind": "unused"}
+    device = str(spec.device) if spec.device is not None else None
+    return {"kind": spec.kind, "name": spec.name, "dtype": DTYPES_BY_VALUE[spec.dtype], "shape": [expr(d) for d in spec.shape], "device": device}
+
+
+DTYPES_BY_VALUE = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def _assumptions(symbol: sympy.Symbol) -> dict:
+    return dict(getattr(symbol, "_assumptions_orig", None) or symbol.assumptions0)
+
+
+def _encode(e, symbols: dict):
+    """A size expression as JSON: ints, symbol names, [class name, *args]."""
+    if isinstance(e, torch.SymInt):
+        e = e.node.expr
+    if isinstance(e, bool) or e is sympy.true or e is sympy.false:
+        return bool(e)
+    if isinstance(e, (int, sympy.Integer)):
+        return int(e)
+    if isinstance(e, sympy.Symbol):
+        if not SYMBOL_NAME.fullmatch(e.name):
+            raise ValueError(f"ortlite: cannot save the size symbol {e.name!r}")
+        symbols[e.name] = e
+        return e.name
+    if isinstance(e, sympy.Rational):
+        return ["Rational", int(e.p), int(e.q)]
+    if isinstance(e, sympy.Float):
+        return ["Float", str(e)]
+    name = type(e).__name__
+    if FUNCTIONS.get(name) is not type(e):
+        raise ValueError(f"ortlite: cannot save the size expression {e} ({name} is not a function ortlite.load knows)")
+    return [name, *(_encode(a, symbols) for a in e.args)]
+
+
+# ---------------------------------------------------------------- load
+
+
+def load(path, options=None):
+    """A CompiledModel from a file written by CompiledModel.save (see the module docstring)."""
+    from .aot import attach, model_class
+    from .runner import build_runner
+    from .session import ProviderUnavailable, create_session, current_cuda_stream, resolve_providers, with_compute_stream
+
+    options = Options.coerce(options)
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        model, lowered, saved = _read(path, data)
+    except _Invalid as e:
+        raise ValueError(f"ortlite.load: {path}: {e}") from None
+    source = path if saved["external"] else data  # ORT finds external data beside the path
+    if options.model_transforms:
+        for transform in options.model_transforms:
+            transform(model)
+        source = model.SerializeToString()
+    devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
+    providers = resolve_providers(options, devices)
+
+    def session_for_stream(stream):
+        return create_session(source, options, with_compute_stream(providers, stream), devices, lowered.disabled_optimizers)
+
+    cls = model_class(lowered, bool(saved["weights"]), saved["mutations"], saved["in_spec"], saved["out_spec"])
+    try:
+        sess = session_for_stream(current_cuda_stream(devices))
+    except ProviderUnavailable:
+        raise
+    except Exception as e:  # ORT's own checks of the graph
+        raise ValueError(f"ortlite.load: {path}: ONNX Runtime cannot load the model: {e}") from None
+    compiled = build_runner("aot", lowered, sess, cls=cls, session_for_stream=session_for_stream)
+    targets = [b["buffer"] for b in saved["bound"]]
+    return attach(
+        compiled, lowered, saved["weights"], targets, saved["in_spec"], saved["out_spec"], saved["mutations"], dict(zip(targets, saved["weights"]))
+    )
+
+
+def _read(path: str, data: bytes):
+    """(model, LoweredGraph, the rest) from a file's bytes; _Invalid says what is wrong."""
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except Exception as e:  # protobuf's DecodeError
+        raise _Invalid(f"not a readable ONNX model: truncated or corrupted ({len(data)} bytes; {e})") from None
+    entry = next((p.value for p in model.metadata_props if p.key == KEY), None)
+    if entry is None:
+        raise _Invalid("it has no ortlite metadata: truncated, or not written by CompiledModel.save")
+    try:
+        metadata = json.loads(entry)
+        version = metadata["format"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise _Invalid(f"its ortlite metadata is not valid JSON with a format version: {e}") from None
+    if not isinstance(version, int) or version > FORMAT:
+        raise _Invalid(f"it was written in ortlite format {version!r}; this ortlite reads format {FORMAT} and older")
+    external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+    if external:
+        try:
+            external_data_helper.load_external_data_for_model(model, os.path.dirname(path) or ".")
+        except Exception as e:
+            raise _Invalid(f"cannot read its external data: {type(e).__name__}: {e}") from None
+    try:
+        lowered, saved = _decode(model, metadata)
+    except _Invalid:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:  # torch.device("?") is a RuntimeError
+        raise _Invalid(f"malformed ortlite metadata ({type(e).__name__}: {e})") from None
+    saved["external"] = external
+    return model, lowered, saved
+
+
+def _decode(model: onnx.ModelProto, m: dict):
+    symbols, ranges = {}, {}
+    for name, entry in m["symbols"].items():
+        assumptions = entry["assumptions"]
+        if not SYMBOL_NAME.fullmatch(name) or not all(
+            k in _assume_defined and isinstance(v, bool) for k, v in assumptions.items()
+        ):
+            raise _Invalid(f"malformed ortlite metadata: size symbol {name!r} {assumptions!r}")
+        symbols[name] = sympy.Symbol(name, **assumptions)
+        low, high = entry["range"]
+        if not all(b is None or type(b) is int for b in (low, high)):
+            raise _Invalid(f"malformed ortlite metadata: range {entry['range']!r} of {name}")
+        ranges[symbols[name]] = (low, high)
+    expr = lambda j: _decode_expr(j, symbols)  # noqa: E731
+    inputs = [_input_spec(j, expr) for j in m["inputs"]]
+    ort_outputs = [_input_spec(j, expr) for j in m["ort_outputs"]]
+    if any(o.kind != "tensor" for o in ort_outputs):
+        raise _Invalid("malformed ortlite metadata: an ONNX output that is not a tensor")
+    outputs = []
+    for j in m["outputs"]:
+        source = j["source"]
+        if source == "sym":
+            outputs.append(OutputSpec("sym", value=expr(j["value"]), as_scalar=bool(j["as_scalar"])))
+        elif source == "const":
+            if not (j["value"] is None or isinstance(j["value"], (bool, int, float))):
+                raise _Invalid(f"malformed ortlite metadata: constant output {j['value']!r}")
+            outputs.append(OutputSpec("const", value=j["value"], as_scalar=bool(j["as_scalar"])))
+        elif source in ("ort", "input"):
+            limit = len(ort_outputs) if source == "ort" else len(inputs)
+            if type(j["index"]) is not int or not 0 <= j["index"] < limit:
+                raise _Invalid(f"malformed ortlite metadata: output from {source} {j['index']!r} of {limit}")
+            outputs.append(OutputSpec(source, index=j["index"], as_scalar=bool(j["as_scalar"])))
+        else:
+            raise _Invalid(f"malformed ortlite metadata: output source {source!r}")
+    sizes = {}
+    for entry in m["sizes"]:
+        symbol = expr(entry["symbol"])
+        if not isinstance(symbol, sympy.Symbol):
+            raise _Invalid(f"malformed ortlite metadata: size {entry['symbol']!r} is not a symbol")
+        for arg, dim in entry["sources"]:
+            spec = inputs[arg] if type(arg) is int and 0 <= arg < len(inputs) else None
+            size = (spec.shape[dim] if spec.kind == "tensor" and type(dim) is int and 0 <= dim < len(spec.shape) else None) if spec else None
+            if spec is None or not (size == symbol or (dim is None and spec.kind == "int")):
+                raise _Invalid(f"malformed ortlite metadata: size {symbol} read from argument {arg} dim {dim}")
+        sizes[symbol] = [tuple(s) for s in entry["sources"]]
+    failures = []
+    for i, message, to_torch in m["failures"]:
+        if type(i) is not int or not 0 <= i < len(ort_outputs) or ort_outputs[i].dtype != torch.bool or not isinstance(message, str):
+            raise _Invalid(f"malformed ortlite metadata: failure output {i!r}")
+        failures.append((i, message, bool(to_torch)))
+    disabled = tuple(m["disabled_optimizers"])
+    if not all(isinstance(d, str) for d in disabled):
+        raise _Invalid(f"malformed ortlite metadata: disabled optimizers {disabled!r}")
+
+    _check_graph(model, inputs, ort_outputs)
+    bound, weights = m["bound"], []
+    initializers = {t.name: t for t in model.graph.initializer}
+    for position, b in enumerate(bound):
+        spec = inputs[position]
+        tensor = initializers.get(b["input"])
+        if spec.name != b["input"] or tensor is None or not isinstance(b["buffer"], str):
+            raise _Invalid(f"the mutated buffer {b.get('buffer')!r} has no initializer {b['input']!r} for argument {position}")
+        weights.append(_to_torch(tensor, spec))
+
+    in_spec, out_spec = _treespec(m["in_spec"], "arguments"), _treespec(m["out_spec"], "outputs")
+    mutations = []
+    buffers = {b["buffer"] for b in bound}
+    n_user = len(inputs) - len(bound)
+    for kind, target in m["mutations"]:
+        kind = MUTATION_KINDS[kind]
+        ok = target in buffers if kind == OutputKind.BUFFER_MUTATION else type(target) is int and 0 <= target < n_user
+        if not ok:
+            raise _Invalid(f"malformed ortlite metadata: mutation of {target!r}")
+        mutations.append((kind, target))
+    if in_spec.num_leaves != n_user:
+        raise _Invalid(f"its argument spec has {in_spec.num_leaves} leaves, but the graph takes {n_user} arguments")
+    if out_spec.num_leaves != len(outputs) - len(mutations):
+        raise _Invalid(f"its output spec has {out_spec.num_leaves} leaves, but the graph returns {len(outputs) - len(mutations)}")
+    lowered = LoweredGraph(model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures)
+    return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec}
+
+
+def _input_spec(j: dict, expr) -> InputSpec:
+    kind = j["kind"]
+    if kind not in KINDS:
+        raise _Invalid(f"malformed ortlite metadata: argument kind {kind!r}")
+    if kind == "unused":
+        return InputSpec("unused")
+    dtype = DTYPES[j["dtype"]]
+    device = torch.device(j["device"]) if j["device"] is not None else None
+    if not isinstance(j["name"], str) or (device is not None and device.type not in ("cpu", "cuda")):
+        raise _Invalid(f"malformed ortlite metadata: argument {j!r}")
+    shape = tuple(_dim(expr(d)) for d in j["shape"])
+    return InputSpec(kind, j["name"], dtype, shape, device)
+
+
+def _dim(e):
+    if isinstance(e, sympy.Integer):
+        return int(e)
+    if not isinstance(e, sympy.Expr):
+        raise _Invalid(f"malformed ortlite metadata: size {e!r}")
+    return e
+
+
+def _decode_expr(j, symbols: dict):
+    if isinstance(j, bool):
+        return sympy.true if j else sympy.false
+    if isinstance(j, int) and -(2**63) <= j < 2**63:
+        return sympy.Integer(j)
+    if isinstance(j, str):
+        if j not in symbols:
+            raise _Invalid(f"malformed ortlite metadata: unknown size symbol {j!r}")
+        return symbols[j]
+    if isinstance(j, list) and j and isinstance(j[0], str):
+        head, args = j[0], j[1:]
+        if head == "Rational" and len(args) == 2 and all(type(a) is int for a in args):
+            return sympy.Rational(*args)
+        if head == "Float" and len(args) == 1 and isinstance(args[0], str):
+            float(args[0])  # a number, else ValueError
+            return sympy.Float(args[0])
+        if head in FUNCTIONS:  # as saved, already simplified: not evaluated again (a file could ask for 10**10**9)
+            return FUNCTIONS[head](*(_decode_expr(a, symbols) for a in args), evaluate=False)
+    raise _Invalid(f"malformed ortlite metadata: size expression {j!r}")
+
+
+def _check_graph(model: onnx.ModelProto, inputs: list[InputSpec], ort_outputs: list[InputSpec]) -> None:
+    """The metadata's arguments and outputs are the graph's, with the same types and sizes."""
+    graph_inputs = {i.name: i for i in model.graph.input}
+    named = [spec for spec in inputs if spec.kind != "unused"]
+    if sorted(graph_inputs) != sorted(spec.name for spec in named):
+        raise _Invalid(f"its metadata names the inputs {sorted(s.name for s in named)}, but the graph has {sorted(graph_inputs)}")
+    for spec in named:
+        _check_value(graph_inputs[spec.name], spec, "input")
+    names = [o.name for o in model.graph.output]
+    if names != [o.name for o in ort_outputs]:
+        raise _Invalid(f"its metadata names the outputs {[o.name for o in ort_outputs]}, but the graph has {names}")
+    for value, spec in zip(model.graph.output, ort_outputs):
+        _check_value(value, spec, "output")
+
+
+def _check_value(value: onnx.ValueInfoProto, spec: InputSpec, what: str) -> None:
+    tensor = value.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    expected = [d if isinstance(d, int) else None for d in spec.shape]
+    if tensor.elem_type != TORCH_TO_ONNX[spec.dtype] or len(dims) != len(expected) or any(
+        e is not None and d != e for d, e in zip(dims, expected)
+    ):
+        got = f"{onnx.TensorProto.DataType.Name(tensor.elem_type)} {dims}"
+        raise _Invalid(f"its metadata says {what} {spec.name} is {spec.dtype} {list(spec.shape)}, but the graph says {got}")
+
+
+def _to_torch(tensor: onnx.TensorProto, spec: InputSpec) -> torch.Tensor:
+    """A buffer's value from its initializer: a tensor of its own, on its argument's device."""
+    array = numpy_helper.to_array(tensor)
+    if tensor.data_type != TORCH_TO_ONNX[spec.dtype] or list(array.shape) != list(spec.shape):
+        raise _Invalid(f"initializer {tensor.name} is not a {spec.dtype} of shape {list(spec.shape)}")
+    return torch.from_numpy(np.array(array)).to(spec.device or "cpu")
+
+
+def _treespec(text, what: str):
+    try:
+        spec = pytree.treespec_loads(text)
+    except Exception as e:
+        raise _Invalid(
+            f"its {what} structure cannot be read ({type(e).__name__}: {e}); if it names a pytree type "
+            "(e.g. a transformers ModelOutput), import the module that registers it before ortlite.load"
+        ) from None
+    if what == "arguments" and not (spec.type is tuple and spec.num_children == 2):
+        raise _Invalid(f"its {what} structure {spec} is not (args, kwargs)")
+    return spec

@@ -1,0 +1,338 @@
+"""Deploying: CompiledModel.save / ortlite.load, ortlite.explain, ONNX Runtime's log."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import onnx
+import onnxruntime
+import pytest
+import torch
+from torch.export import Dim
+
+import ortlite
+from conftest import assert_same
+from test_backend import MLP
+
+torch.manual_seed(0)
+
+
+def _errors(model, calls, positions=True) -> list[tuple]:
+    """(exception type, message) of each bad call. positions=False: without the runner's
+    argument positions, which count the weights it binds (with bind_weights=True a loaded
+    model binds fewer: they became initializers)."""
+    got = []
+    for call in calls:
+        with pytest.raises((TypeError, ValueError)) as info:
+            call(model)
+        message = str(info.value)
+        got.append((type(info.value).__name__, message if positions else re.sub(r"argument \d+", "argument", message)))
+    return got
+
+
+def test_save_load_plain(tmp_path):
+    model = MLP().eval()
+    x = torch.randn(2, 64)
+    compiled = ortlite.compile(model, (x,), dynamic_shapes=({0: Dim("batch", max=64)},))
+    path = tmp_path / "mlp.onnx"
+    compiled.save(path)
+    loaded = ortlite.load(path)
+    assert type(loaded) is ortlite.CompiledModel and loaded.providers == ["CPUExecutionProvider"]
+    for batch in (2, 7):  # the batch dim stays dynamic
+        x = torch.randn(batch, 64)
+        assert_same(loaded(x), compiled(x))
+    bad = [lambda m: m(x.double()), lambda m: m(torch.randn(3, 65)), lambda m: m(torch.randn(65, 64)), lambda m: m(x, x)]
+    assert _errors(loaded, bad) == _errors(compiled, bad)
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # plain ORT still runs it
+    (out,) = sess.run(None, {"x": x.numpy()})
+    assert_same(torch.from_numpy(out), compiled(x))
+
+
+class Structured(torch.nn.Module):
+    """kwargs, nested inputs and outputs, a mutated buffer, a size output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x, pair, *, scale):
+        self.calls.add_(1)
+        return {"a": self.lin(x) * scale, "b": (pair[0] - pair[1]).sum(0)}, x.shape[0] + 1
+
+
+@pytest.mark.parametrize("bind_weights", [False, True])
+def test_save_load_structured(tmp_path, bind_weights):
+    model = Structured()
+    x, pair, scale = torch.randn(3, 8), (torch.randn(5, 2), torch.randn(5, 2)), torch.tensor(2.0)
+    shapes = {"x": {0: Dim("b")}, "pair": ({0: Dim("n")}, {0: Dim("n")}), "scale": None}
+    compiled = ortlite.compile(model, (x, pair), {"scale": scale}, dynamic_shapes=shapes, bind_weights=bind_weights)
+    compiled(x, pair, scale=scale)
+    compiled.save(tmp_path / "m.onnx")
+    with torch.no_grad():
+        model.lin.weight.mul_(2)  # after saving: the loaded model has the weights saved
+    loaded = ortlite.load(tmp_path / "m.onnx")
+    model.lin.weight.data.div_(2)
+    assert loaded._buffers["calls"].item() == 1  # the buffer's value when saved
+    x, pair = torch.randn(6, 8), (torch.randn(4, 2), torch.randn(4, 2))
+    got, expected = loaded(x, pair, scale=scale), compiled(x, pair, scale=scale)
+    assert got[1] == expected[1] == 7
+    assert_same(got[0]["a"], expected[0]["a"])
+    assert_same(got[0]["b"], expected[0]["b"])
+    assert loaded._buffers["calls"].item() == 2 and model.calls.item() == 2  # each updates its own
+    bad = [
+        lambda m: m(x, pair, factor=scale),
+        lambda m: m(x.double(), pair, scale=scale),
+        lambda m: m(x, (pair[0], torch.randn(5, 2)), scale=scale),
+    ]
+    assert _errors(loaded, bad, positions=not bind_weights) == _errors(compiled, bad, positions=not bind_weights)
+    loaded.save(tmp_path / "again.onnx")  # a loaded model saves too
+    assert_same(ortlite.load(tmp_path / "again.onnx")(x, pair, scale=scale)[0]["a"], expected[0]["a"])
+
+
+class ScaleBy(torch.nn.Module):
+    def forward(self, x, n: int):
+        return x * n + x.shape[0]
+
+
+def test_save_load_int_argument_and_options(tmp_path):
+    x = torch.randn(3, 4)
+    compiled = ortlite.compile(ScaleBy(), (x, 2), dynamic_shapes={"x": {0: Dim("b")}, "n": Dim.DYNAMIC})
+    compiled.save(tmp_path / "scale.onnx")
+    seen = []
+    loaded = ortlite.load(tmp_path / "scale.onnx", options={"model_transforms": [lambda m: seen.append(len(m.graph.node))]})
+    assert seen == [len(compiled.onnx_model.graph.node)]
+    for n, rows in ((5, 2), (-3, 6)):
+        x = torch.randn(rows, 4)
+        assert_same(loaded(x, n), compiled(x, n))
+    with pytest.raises(TypeError, match="unknown ortlite option"):
+        ortlite.load(tmp_path / "scale.onnx", options={"bogus": 1})
+
+
+def test_mutated_buffer_file_runs_in_plain_onnxruntime(tmp_path):
+    model = Structured()
+    x, pair, scale = torch.randn(3, 8), (torch.randn(5, 2), torch.randn(5, 2)), torch.tensor(2.0)
+    ortlite.compile(model, (x, pair), {"scale": scale}).save(tmp_path / "m.onnx")
+    sess = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    feeds = dict(zip([i.name for i in sess.get_inputs()][-4:], (t.numpy() for t in (x, *pair, scale))))
+    new_calls, a, b = sess.run(None, feeds)[:3]  # the buffer's default is its initializer
+    assert new_calls.tolist() == [1.0]
+    with torch.no_grad():
+        assert_same(torch.from_numpy(a), model.lin(x) * scale)
+
+
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+
+
+def test_external_data(tmp_path, monkeypatch):
+    model, x = Wide(), torch.randn(2, 64)
+    compiled = ortlite.compile(model, (x,))
+    path = tmp_path / "wide.onnx"
+    monkeypatch.setattr(ortlite.saved, "PROTOBUF_LIMIT", 10_000)  # as if it were over 2 GB
+    compiled.save(path)
+    data = tmp_path / "wide.onnx.data"
+    assert data.stat().st_size >= 64 * 64 * 4 > path.stat().st_size
+    loaded = ortlite.load(path)
+    assert_same(loaded(x), compiled(x))
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert_same(torch.from_numpy(sess.run(None, {"x": x.numpy()})[0]), compiled(x))
+    data.write_bytes(data.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"{path}: cannot read its external data"):
+        ortlite.load(path)
+    monkeypatch.undo()
+    compiled.save(path)  # small: one file, and the stale .data is not read
+    assert_same(ortlite.load(path)(x), compiled(x))
+
+
+def _saved_mlp(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    ortlite.compile(MLP().eval(), (torch.randn(2, 64),)).save(path)
+    return path
+
+
+def test_truncated_file(tmp_path):
+    path = _saved_mlp(tmp_path)
+    whole = path.read_bytes()
+    for size in (len(whole) // 2, len(whole) - 10, len(whole) - 200, 100):
+        path.write_bytes(whole[:size])
+        with pytest.raises(ValueError) as info:
+            ortlite.load(path)
+        message = str(info.value)
+        assert str(path) in message and "truncated" in message, message
+
+
+def _rewrite_metadata(path, change):
+    model = onnx.load(path)
+    (entry,) = [p for p in model.metadata_props if p.key == "ortlite"]
+    metadata = json.loads(entry.value)
+    change(metadata)
+    entry.value = json.dumps(metadata)
+    onnx.save(model, path)
+
+
+@pytest.mark.parametrize(
+    "change,problem",
+    [
+        (lambda m: m.update(format=2), "written in ortlite format 2; this ortlite reads format 1"),
+        (lambda m: m["inputs"][0].update(dtype="float64"), "says input x is torch.float64 \\[2, 64\\], but the graph says FLOAT \\[2, 64\\]"),
+        (lambda m: m["inputs"][0].update(name="y"), "names the inputs \\['y'\\], but the graph has \\['x'\\]"),
+        (lambda m: m["outputs"][0].update(index=3), "malformed ortlite metadata: output from ort 3 of 1"),
+        (lambda m: m["inputs"][0].update(shape=[["Add", "__import__('os')", 1], 64]), "unknown size symbol"),
+        (lambda m: m.update(out_spec="[1, {"), "its outputs structure cannot be read"),
+        (lambda m: m["inputs"][0].update(device="warp:0"), "malformed ortlite metadata \\(RuntimeError: .*warp"),
+        (lambda m: m.pop("in_spec"), "malformed ortlite metadata \\(KeyError: 'in_spec'\\)"),
+    ],
+    ids=["newer", "dtype", "name", "index", "expression", "spec", "device", "missing"],
+)
+def test_tampered_metadata(tmp_path, change, problem):
+    path = _saved_mlp(tmp_path)
+    _rewrite_metadata(path, change)
+    with pytest.raises(ValueError, match=f"^ortlite.load: {path}: .*{problem}"):
+        ortlite.load(path)
+
+
+def test_edited_graph_and_foreign_file(tmp_path):
+    path = _saved_mlp(tmp_path)
+    model = onnx.load(path)
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 11
+    onnx.save(model, path)
+    with pytest.raises(ValueError, match=f"{path}: its metadata says output .* \\[2, 10\\], but the graph says FLOAT \\[2, 11\\]"):
+        ortlite.load(path)
+    del model.metadata_props[:]
+    onnx.save(model, path)
+    with pytest.raises(ValueError, match=f"{path}: it has no ortlite metadata"):
+        ortlite.load(path)
+
+
+BERT_LOAD = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    import transformers.modeling_outputs  # registers the output type (BaseModelOutput...) with pytree
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.export.export called")
+
+    torch.export.export = refuse
+    import ortlite
+
+    io = torch.load(sys.argv[2])
+    start = time.perf_counter()
+    loaded = ortlite.load(sys.argv[1])
+    out = loaded(io["x"])
+    seconds = time.perf_counter() - start
+    expected = io["out"]
+    assert torch.equal(out.last_hidden_state, expected), (out.last_hidden_state - expected).abs().max()
+    assert not [m for m in sys.modules if "modeling_bert" in m], "the model's code was imported"
+    print(seconds)
+    """
+)
+
+
+def test_load_bert_in_a_fresh_process(tmp_path):
+    """Load + first call of a saved BERT h256 L4: <= 0.5 s and <= 1/4 of compiling it (imports
+    of torch, transformers' output types and ortlite not counted), equal results."""
+    import time
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    model = transformers.BertModel(config).eval()
+    x = torch.randint(0, config.vocab_size, (1, 128))
+    start = time.perf_counter()
+    compiled = ortlite.compile(model, (x,))
+    compile_seconds = time.perf_counter() - start
+    compiled.save(tmp_path / "bert.onnx")
+    torch.save({"x": x, "out": compiled(x).last_hidden_state}, tmp_path / "io.pt")
+    script = tmp_path / "load.py"
+    script.write_text(BERT_LOAD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(ortlite.__file__)), os.environ.get("PYTHONPATH", "")])}
+    times = []
+    for _ in range(3):  # another fresh process only if one was slowed by the shared machine
+        run = subprocess.run([sys.executable, str(script), str(tmp_path / "bert.onnx"), str(tmp_path / "io.pt")], capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        times.append(float(run.stdout.split()[-1]))
+        if times[-1] <= min(0.5, compile_seconds / 4):
+            break
+    assert min(times) <= 0.5 and min(times) <= compile_seconds / 4, (times, compile_seconds)
+
+
+def airy_after_sin(x):
+    y = torch.sin(x) * 2
+    z = torch.special.airy_ai(y)  # no lowering: runs in torch
+    return z + 1
+
+
+def test_explain_names_the_op_left_to_torch_its_reason_and_source():
+    x = torch.randn(4)
+    report = ortlite.explain(airy_after_sin, x)
+    (graph,) = report.graphs
+    assert graph.ort_ops == {"aten.sin.default": 1, "aten.mul.Tensor": 1, "aten.add.Tensor": 1}
+    ((op, reason, source),) = graph.torch_ops
+    assert (op, reason) == ("aten.special_airy_ai.default", "no lowering")
+    assert source == f'File "{__file__}", line {airy_after_sin.__code__.co_firstlineno + 2}, in airy_after_sin: z = torch.special.airy_ai(y)  # no lowering: runs in torch'
+    assert len(graph.sessions) == 2 and graph.providers == ["CPUExecutionProvider"]
+    table = str(report)
+    for text in ("aten.special_airy_ai.default", "no lowering", "in airy_after_sin: z = torch.special.airy_ai(y)", "aten.sin.default", "2 session(s) on CPUExecutionProvider"):
+        assert text in table, table
+
+
+def test_explain_fusions():
+    """ONNX Runtime fuses MatMul+Add into Gemm-like ops and folds BatchNorm into the
+    convolution when the weights are initializers (frozen, under no_grad)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        report = ortlite.explain(model, torch.randn(1, 3, 8, 8))
+    (graph,) = report.graphs
+    assert graph.torch_ops == []
+    (session,) = graph.sessions
+    ops = report.fusions()[session]
+    assert ops["BatchNormalization"] == (1, 0) and ops["Relu"] == (1, 0), ops
+    assert "BatchNormalization  1 -> 0" in report.table(fusions=True)
+
+
+def test_onnxruntime_log_stays_off_stderr(capfd, caplog):
+    """A compile that hits missing kernels (erf in float64, sin in bfloat16 on CPU), an op
+    left to torch and a failed run: what ortlite handles goes to the "ortlite" logger, and
+    nothing of ONNX Runtime's own log reaches stderr (fd 2, where its C++ logger writes)."""
+    import logging
+
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    # the check can fail: plain onnxruntime with its default log level writes an [E:onnxruntime line
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("i", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    plain = onnxruntime.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9).SerializeToString())
+    with pytest.raises(Exception, match="out of data bounds"):
+        plain.run(None, {"x": np.zeros(4, np.float32), "i": np.array([9])})
+    assert "[E:onnxruntime" in capfd.readouterr().err
+
+    caplog.set_level(logging.WARNING, logger="ortlite")
+
+    def f(x, y, t, i):
+        return torch.special.airy_ai(torch.erf(x) + 1), torch.sin(y.bfloat16()).float(), torch.index_select(t, 0, i) * 2
+
+    backend = ortlite.Backend()
+    fn = torch.compile(f, backend=backend)
+    x, y, t = torch.randn(4, dtype=torch.float64), torch.randn(3), torch.randn(4, 3)
+    fn(x, y, t, torch.tensor([0, 3]))
+    with pytest.raises(IndexError):  # ONNX Runtime fails the run; torch then raises as eager does
+        fn(x, y, t, torch.tensor([0, 7]))
+    assert set(backend.stats.fallback_ops) == {"aten.erf.default", "aten.special_airy_ai.default", "aten.sin.default", "aten.index_select.default"}
+    assert "[E:onnxruntime" not in capfd.readouterr().err
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "ortlite")
+    for text in ("aten.erf.default runs in torch (ONNX Runtime has no kernel", "aten.sin.default runs in torch", "aten.index_select", "no lowering"):
+        assert text in logged, logged
