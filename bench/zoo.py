@@ -39,7 +39,7 @@ import ortlite.logs
 
 RTOL = ATOL = 1e-4
 VOCAB = 100
-QUICK = ["bert", "gpt2", "llama", "t5", "vit", "resnet"]
+QUICK = ["bert", "gpt2", "llama", "t5", "vit", "resnet", "mixtral"]
 
 
 # --- inputs --------------------------------------------------------------------------
