@@ -35,7 +35,8 @@ def scalar_arguments(gm: torch.fx.GraphModule, blocked: dict) -> dict[torch.fx.N
     for p in placeholders:
         val = p.meta.get("val")
         if isinstance(val, torch.Tensor):
-            sizes.update(d.node.expr for d in val.shape if isinstance(d, torch.SymInt))
+            # every symbol a size is computed from: with sizes s0 and 2*s1, s1 is a size too
+            sizes.update(*(d.node.expr.free_symbols for d in val.shape if isinstance(d, torch.SymInt)))
     found = {}
     for node, reason in blocked.items():
         if reason == "no lowering" or reason.startswith(("dtype ", "layout ", "mixed devices")):

@@ -796,13 +796,13 @@ def test_past_the_variant_limit_new_values_run_in_torch_still_right(monkeypatch,
     monkeypatch.setattr(specialize, "MAX_VARIANTS", 2)
     torch._dynamo.reset()
     backend = ortlite.Backend()
-    fn = lambda x, w, pad: F.conv1d(x, w, padding=pad)  # noqa: E731
+    fn = lambda x, w, stride: F.conv1d(x, w, stride=stride)  # noqa: E731
     compiled = torch.compile(fn, backend=backend, dynamic=True)
     with caplog.at_level("WARNING", logger="ortlite"):
-        for pad in (10, 11, 12, 13, 11, 14):  # (not 0 or 1, which Dynamo specializes, nor a size: duck sizing)
-            x, w = torch.randn(1, 2, 7), torch.randn(3, 2, 3)
-            torch.testing.assert_close(compiled(x, w, pad), fn(x, w, pad))
-    assert backend.stats.graphs == 2  # the two variants; pads 12, 13, 14 ran the conv in torch
+        for stride in (4, 5, 6, 8, 5, 9):  # (not 0 or 1, which Dynamo specializes, nor a size: duck sizing)
+            x, w = torch.randn(1, 2, 17), torch.randn(3, 2, 3)
+            torch.testing.assert_close(compiled(x, w, stride), fn(x, w, stride))
+    assert backend.stats.graphs == 2  # the two variants; strides 6, 8, 9 ran the conv in torch
     assert backend.stats.fallback_ops == {"aten.convolution.default": 1}
     assert sum("compiled for 2 sets of values" in r.getMessage() for r in caplog.records) == 1
 
