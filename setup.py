@@ -15,6 +15,8 @@ setup(
     install_requires=["torch>=2.9,<2.15", "onnx>=1.16", "numpy", f"{ORT_PACKAGE}>=1.18"],
     extras_require={
         "test": ["pytest", "transformers", "expecttest", "hypothesis"],
+        # peers the benchmarks compare with; never needed at run time
+        "bench": ["transformers", "onnxscript"],
     },
     ext_modules=cythonize(
         extensions,

@@ -3,7 +3,11 @@
 models built from configs (random weights, no downloads). One thread, interleaved rounds,
 medians; first-call (compile + run) times; what fell back to torch.
 
-    python bench/models.py [--models bert,gpt2,llama,vit,resnet,mobilenet] [--rounds 7] [--no-inductor] [--no-dynamic]
+    python bench/models.py [--models bert,gpt2,llama,moe,vit,resnet,mobilenet] [--rounds 7] [--no-inductor] [--no-dynamic]
+
+Peers in the same run: inductor, and torch.onnx.export(dynamo=True) + ONNX Runtime
+("export+ORT"; needs onnxscript, the bench extra: pip install -e ".[bench]").
+The MoE row runs ortlite with Options(sort_ties="stable") (see OPTIONS).
 
 ortlite runs with frozen weights (the default under no_grad); "ortlite unfrozen" is the same
 with Options(freeze_weights=False), weights bound as inputs.
@@ -16,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -53,6 +58,20 @@ def llama():
         hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=32000
     )
     return "LLaMA h256 L4 seq128 b1", LlamaModel(config), (torch.randint(0, 32000, (1, 128)),)
+
+
+def moe():
+    from transformers import MixtralConfig, MixtralModel
+
+    config = MixtralConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=4, num_experts_per_tok=2, vocab_size=32000,
+    )
+    return "Mixtral-MoE h256 L4 E4 seq128 b1", MixtralModel(config), (torch.randint(0, 32000, (1, 128)),)
+
+
+# the router sorts expert ids (all ties) and only regroups by them: see Options.sort_ties
+OPTIONS = {"moe": {"sort_ties": "stable"}}
 
 
 def vit():
@@ -119,7 +138,7 @@ def mobilenet():
     return "MobileNetV2-like 224px b1", model, (torch.randn(1, 3, 224, 224),)
 
 
-MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "vit": vit, "resnet": resnet, "mobilenet": mobilenet}
+MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "moe": moe, "vit": vit, "resnet": resnet, "mobilenet": mobilenet}
 
 
 def first_output(out):
@@ -149,14 +168,34 @@ def timed_first_call(fn, args):
     return time.perf_counter() - start, out
 
 
-def bench_model(make, rounds, iters, with_inductor, with_dynamic=True):
+def export_ort(model, args):
+    """The peer: torch.onnx.export(dynamo=True) (onnxscript: `pip install -e ".[bench]"`),
+    then an ONNX Runtime session like ortlite's (one thread, all optimizations)."""
+    import onnxruntime
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        torch.onnx.export(_FirstOutput(model), args, path, dynamo=True, external_data=False)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*inputs):
+        return torch.from_numpy(session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})[0])
+
+    return run
+
+
+def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=None):
     label, model, args = make()
     model.eval()
     torch.manual_seed(0)
     expected = first_output(model(*args))
     candidates, first, notes = {"eager": model}, {}, {}
+    options = ortlite.Options(**(options or {}))
 
-    backend = ortlite.Backend()
+    backend = ortlite.Backend(options)
     compiled = torch.compile(own_code(model), backend=backend)
     first["ortlite"], out = timed_first_call(compiled, args)
     torch.testing.assert_close(first_output(out), expected, rtol=1e-3, atol=1e-3)
@@ -165,14 +204,14 @@ def bench_model(make, rounds, iters, with_inductor, with_dynamic=True):
     notes["ortlite sessions"] = backend.stats.sessions
     notes["ortlite frozen weights"] = backend.stats.frozen
     # the same with weights bound as inputs (Options(freeze_weights=False))
-    unfrozen = torch.compile(own_code(model), backend=ortlite.Backend(ortlite.Options(freeze_weights=False)))
+    unfrozen = torch.compile(own_code(model), backend=ortlite.Backend(options.with_changes(freeze_weights=False)))
     first["ortlite unfrozen"], out = timed_first_call(unfrozen, args)
     torch.testing.assert_close(first_output(out), expected, rtol=1e-3, atol=1e-3)
     candidates["ortlite unfrozen"] = unfrozen
     # changing shapes: dynamic=True makes every size but the batch of 1 symbolic (sequence
     # length, image size), one graph serving them all; timed at the same inputs
     if with_dynamic:
-        dynamic_backend = ortlite.Backend()
+        dynamic_backend = ortlite.Backend(options)
         dynamic = torch.compile(own_code(model), backend=dynamic_backend, dynamic=True)
         first["ortlite dynamic"], out = timed_first_call(dynamic, args)
         torch.testing.assert_close(first_output(out), expected, rtol=1e-3, atol=1e-3)
@@ -184,12 +223,21 @@ def bench_model(make, rounds, iters, with_inductor, with_dynamic=True):
 
     try:
         start = time.perf_counter()
-        aot = ortlite.compile(_FirstOutput(model), args)
+        aot = ortlite.compile(_FirstOutput(model), args, options=options)
         first["ortlite AOT"] = time.perf_counter() - start + timed_first_call(aot, args)[0]
         torch.testing.assert_close(first_output(aot(*args)), expected, rtol=1e-3, atol=1e-3)
         candidates["ortlite AOT"] = aot
     except Exception as e:  # the AOT path needs every op in ONNX
         notes["ortlite AOT"] = f"not compiled: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+    try:
+        start = time.perf_counter()
+        peer = export_ort(model, args)
+        first["export+ORT"] = time.perf_counter() - start + timed_first_call(peer, args)[0]
+        torch.testing.assert_close(peer(*args), expected, rtol=1e-3, atol=1e-3)
+        candidates["export+ORT"] = peer
+    except Exception as e:  # onnxscript not installed, or the exporter failed on this model
+        notes["export+ORT"] = f"not run: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
     if with_inductor:
         inductor = torch.compile(own_code(model), backend="inductor")
@@ -226,11 +274,13 @@ def main(argv=None):
     results = []
     with torch.no_grad():
         for key in args.models.split(","):
-            label, medians, ratios, first, notes = bench_model(MODELS[key], args.rounds, args.iters, not args.no_inductor, not args.no_dynamic)
+            label, medians, ratios, first, notes = bench_model(
+                MODELS[key], args.rounds, args.iters, not args.no_inductor, not args.no_dynamic, OPTIONS.get(key)
+            )
             results.append({"model": label, "latency_ms": medians, "vs_eager": ratios, "first_call_s": first, "notes": notes})
             print(f"{label}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()), flush=True)
 
-    names = ["eager", "inductor", "ortlite", "ortlite unfrozen", "ortlite dynamic", "ortlite AOT"]
+    names = ["eager", "inductor", "export+ORT", "ortlite", "ortlite unfrozen", "ortlite dynamic", "ortlite AOT"]
     print(f"\nlatency, ms (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; no_grad)")
     print(f"{'model':<26}" + "".join(f"{n:>17}" for n in names))
     for r in results:
@@ -241,6 +291,11 @@ def main(argv=None):
         v = r["vs_eager"]
         target = f"{v['ortlite'] / v['ortlite AOT']:>30.2f}" if "ortlite AOT" in v else f"{'-':>30}"
         print(f"{r['model']:<26}" + "".join(f"{v[n]:>23.2f}" if n in v else f"{'-':>23}" for n in names[1:]) + target)
+    print("\nortlite AOT against the peers (each against eager in the same rounds); targets: <= 0.9 x export+ORT, <= 0.7 x inductor")
+    for r in results:
+        v = r["vs_eager"]
+        peers = [f"AOT/{p} {v['ortlite AOT'] / v[p]:.2f}" for p in ("export+ORT", "inductor") if p in v and "ortlite AOT" in v]
+        print(f"  {r['model']}: " + ("; ".join(peers) or "-"))
     print("\nfirst call (compile + run), s")
     for r in results:
         print(f"  {r['model']}: " + "; ".join(f"{k} {v:.2f}" for k, v in r["first_call_s"].items()))
