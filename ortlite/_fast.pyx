@@ -432,7 +432,7 @@ cdef inline bint _unobservable(object t, uintptr_t ptr):
         and not _has_weakrefs(t)
         and t._use_count() == 1
         and not t.requires_grad
-        and t.data_ptr() == ptr
+        and <uintptr_t>_data_ptr_of(t) == ptr
         and _storage_use_count(t.untyped_storage()._cdata) == _SOLE_STORAGE_COUNT
         and not t.__dict__
     )
