@@ -279,6 +279,8 @@ def bench_case(case, device, rounds, iters, with_inductor):
     ratios["AOT - raw ORT floor (µs)"] = statistics.median(a - r for a, r in zip(samples["ortlite AOT"], samples["raw ORT floor"]))
     ratios["AOT / eager"] = statistics.median(a / e for a, e in zip(samples["ortlite AOT"], samples["eager"]))
     ratios["AOT / raw ORT floor"] = statistics.median(a / r for a, r in zip(samples["ortlite AOT"], samples["raw ORT floor"]))
+    ratios["AOT / AOT pybind"] = statistics.median(a / p for a, p in zip(samples["ortlite AOT"], samples["ortlite AOT pybind"]))
+    ratios["ortlite / ortlite pybind"] = statistics.median(o / p for o, p in zip(samples["ortlite"], samples["ortlite pybind"]))
     if "C-API floor" in samples:
         ratios["C-API floor / raw ORT floor"] = statistics.median(c / r for c, r in zip(samples["C-API floor"], samples["raw ORT floor"]))
         ratios["AOT / C-API floor"] = statistics.median(a / c for a, c in zip(samples["ortlite AOT"], samples["C-API floor"]))
