@@ -3,9 +3,12 @@
     python bench/overhead.py [--rounds 15] [--iters 2000] [--device cpu|cuda] [--json out.json]
 
 Candidates: eager, inductor, ortlite (torch.compile), ortlite unfrozen (torch.compile with
-Options(freeze_weights=False)), ortlite AOT (ortlite.compile).
+Options(freeze_weights=False)), ortlite AOT (ortlite.compile), and both with sessions through
+onnxruntime's Python module (ortlite pybind, ortlite AOT pybind: ORTLITE_NO_C_API=1, as before
+the C-API path).
 Floors, measured in the same run:
   raw ORT       the same ONNX model ortlite built, I/O pre-bound, only run_with_iobinding timed
+  C-API floor   the same model through ONNX Runtime's C API: Run on OrtValues made once (CPU only)
   dynamo+aot    torch.compile through aot_autograd with a compiler that returns a constant
 One thread for torch and ORT; candidates interleaved in rounds; medians of per-call times.
 """
@@ -13,6 +16,7 @@ One thread for torch and ORT; candidates interleaved in rounds; medians of per-c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import itertools
 import json
@@ -108,6 +112,29 @@ def raw_ort_floor(onnx_path, args, device):
     return run, outputs[0]
 
 
+def c_api_floor(onnx_path, args, device):
+    """Run through the C API on OrtValues made once over the inputs and outputs: what a call
+    costs in ONNX Runtime itself, without pybind. None where the C API is not used (CUDA)."""
+    from ortlite import _fast
+    from ortlite.lower.builder import TORCH_TO_ONNX
+
+    if device != "cpu" or _fast.C_API_PROBLEM is not None:
+        return None, None
+    import onnx
+
+    model = onnx.load(onnx_path)
+    sess = _fast.create_c_session(model.SerializeToString(), 1, 1, 99)
+    tensors = [a.detach().contiguous() for a in args]
+    inputs = {i.name: t for i, t in zip(model.graph.input, tensors)}
+    outputs = {}
+    for o in model.graph.output:
+        dims = [d.dim_value for d in o.type.tensor_type.shape.dim]
+        outputs[o.name] = torch.empty(dims, dtype=torch.float32)
+    run = _fast.CFloor(sess, inputs, outputs, TORCH_TO_ONNX)
+    run()
+    return run, next(iter(outputs.values()))
+
+
 def graph_args(fn, args):
     """The arguments aot_autograd passes to the compiled graph (parameters lifted in
     Dynamo's order), recorded with the same capture ortlite uses."""
@@ -159,6 +186,19 @@ def own_code(fn):
     return types.FunctionType(code, call.__globals__, name, None, call.__closure__)
 
 
+@contextlib.contextmanager
+def pybind_sessions():
+    old = os.environ.get("ORTLITE_NO_C_API")
+    os.environ["ORTLITE_NO_C_API"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["ORTLITE_NO_C_API"]
+        else:
+            os.environ["ORTLITE_NO_C_API"] = old
+
+
 def per_call_us(fn, iters, sync):
     start = time.perf_counter()
     for _ in range(iters):
@@ -203,8 +243,13 @@ def bench_case(case, device, rounds, iters, with_inductor):
     start = time.perf_counter()
     candidates["ortlite AOT"] = ortlite.compile(as_module(fn), args)
     first["ortlite AOT"] = time.perf_counter() - start
+    with pybind_sessions():  # as before the C-API path: sessions through onnxruntime's Python module
+        candidates["ortlite pybind"] = torch.compile(own_code(fn), backend=ortlite.Backend())
+        candidates["ortlite pybind"](*args)
+        candidates["ortlite AOT pybind"] = ortlite.compile(as_module(fn), args)
     raw, raw_out = raw_ort_floor(onnx_files[0], graph_args(fn, args), device)
     torch.testing.assert_close(raw_out, expected, rtol=1e-4, atol=1e-5)
+    c_floor, c_out = c_api_floor(onnx_files[0], graph_args(fn, args), device)
 
     for name, c in candidates.items():
         got = c(*args)
@@ -212,6 +257,9 @@ def bench_case(case, device, rounds, iters, with_inductor):
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     calls = {name: (lambda c=c: c(*args)) for name, c in candidates.items()}
     calls["raw ORT floor"] = raw
+    if c_floor is not None:
+        torch.testing.assert_close(c_out, expected, rtol=1e-4, atol=1e-5)
+        calls["C-API floor"] = c_floor
     samples = {name: [] for name in calls}
     for name, call in calls.items():  # warm up
         per_call_us(call, max(iters // 10, 10), sync)
@@ -230,6 +278,12 @@ def bench_case(case, device, rounds, iters, with_inductor):
     ratios["ortlite - both floors (µs)"] = statistics.median(o - f for o, f in zip(samples["ortlite"], floors))
     ratios["AOT - raw ORT floor (µs)"] = statistics.median(a - r for a, r in zip(samples["ortlite AOT"], samples["raw ORT floor"]))
     ratios["AOT / eager"] = statistics.median(a / e for a, e in zip(samples["ortlite AOT"], samples["eager"]))
+    ratios["AOT / raw ORT floor"] = statistics.median(a / r for a, r in zip(samples["ortlite AOT"], samples["raw ORT floor"]))
+    ratios["AOT / AOT pybind"] = statistics.median(a / p for a, p in zip(samples["ortlite AOT"], samples["ortlite AOT pybind"]))
+    ratios["ortlite / ortlite pybind"] = statistics.median(o / p for o, p in zip(samples["ortlite"], samples["ortlite pybind"]))
+    if "C-API floor" in samples:
+        ratios["C-API floor / raw ORT floor"] = statistics.median(c / r for c, r in zip(samples["C-API floor"], samples["raw ORT floor"]))
+        ratios["AOT / C-API floor"] = statistics.median(a / c for a, c in zip(samples["ortlite AOT"], samples["C-API floor"]))
     return label, medians, ratios, first
 
 

@@ -1,19 +1,26 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The per-call hot path: check arguments against the session's input schema, bind them
-by data pointer, allocate and bind outputs, run, and hand results back.
+"""The per-call hot path: check arguments against the session's input schema, wrap them
+by data pointer, allocate outputs, run, and hand results back.
 
 Everything that can be is computed once, when the Runner is built (ortlite/runner.py).
-Per call it touches only the arguments, the pybind session and an IOBinding taken from
-a small pool (one per concurrent caller: bindings are not thread-safe).
+Sessions made through ONNX Runtime's C API (CSession, the default on CPU) run with Run() on
+OrtValues over torch's memory; others (CUDA, a user's SessionOptions, or no C library) run
+through the pybind module's IOBinding. Either way a call takes a _Binding from a small pool
+(one per concurrent caller) holding what it last bound, so only what changed is rewrapped.
 """
 
+import os
 import types
 import weakref
 
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_REFCNT
 from libc.stdint cimport int64_t, uintptr_t
-from libc.string cimport memcmp
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcmp, memcpy
+from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
+
+from ortlite._ort cimport *
 
 import torch
 
@@ -45,17 +52,310 @@ ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL,
 OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST, "sym": S_SYM}
 
 
+# ---- ONNX Runtime's C API (see _ort.pxd) ----
+
+cdef void** _api = NULL  # the OrtApi table, NULL when the library could not be loaded
+cdef OrtEnv* _env = NULL
+cdef OrtMemoryInfo* _cpu_info = NULL
+cdef RunFn _run = NULL
+cdef CreateTensorWithDataFn _create_tensor = NULL
+cdef ReleaseFn _release_value = NULL
+cdef ReleaseFn _release_status = NULL
+
+C_API_PROBLEM = None  # why the C API is not used (None: it is)
+C_API_LIBRARY = None  # the library loaded
+
+
+class OrtError(RuntimeError):
+    """An error status from ONNX Runtime's C API; the message is ONNX Runtime's."""
+
+
+cdef int _check(OrtStatus* status) except -1:
+    """Raises OrtError for an error status (and releases it)."""
+    if status == NULL:
+        return 0
+    code = (<GetErrorCodeFn>_api[SLOT_GetErrorCode])(status)
+    message = (<GetErrorMessageFn>_api[SLOT_GetErrorMessage])(status).decode("utf-8", "replace")
+    _release_status(status)
+    raise OrtError(f"[ONNXRuntimeError] : {code} : {message}")
+
+
+def _library_path():
+    import onnxruntime
+    from onnxruntime.capi import onnxruntime_pybind11_state
+
+    return os.path.join(os.path.dirname(onnxruntime_pybind11_state.__file__), f"libonnxruntime.so.{onnxruntime.__version__}")
+
+
+cdef void** _open(path, list problem):
+    """dlopen ONNX Runtime's shared library at path: its OrtApi table, or NULL with the reason
+    appended to problem. (The wheel's library has no unversioned name; it is a second runtime
+    beside the pybind module's own, and sessions made through one run only through it.)"""
+    cdef void* handle
+    cdef OrtGetApiBaseFn get_base
+    cdef const OrtApiBase* base
+    cdef void** api
+    handle = dlopen(os.fsencode(path), RTLD_NOW | RTLD_LOCAL)
+    if handle == NULL:
+        problem.append(f"cannot load {path}: {(<bytes>dlerror()).decode('utf-8', 'replace')}")
+        return NULL
+    get_base = <OrtGetApiBaseFn>dlsym(handle, b"OrtGetApiBase")
+    if get_base == NULL:
+        problem.append(f"{path} has no OrtGetApiBase")
+        return NULL
+    base = get_base()
+    api = <void**>base.GetApi(ORT_API_VERSION_USED)
+    if api == NULL:
+        problem.append(f"{path} (ONNX Runtime {(<bytes>base.GetVersionString()).decode()}) does not support C API version {ORT_API_VERSION_USED}")
+    return api
+
+
+def check_library(path):
+    """Why ONNX Runtime's C API could not be used from the library at path (None: it could)."""
+    problem = []
+    _open(path, problem)
+    return problem[0] if problem else None
+
+
+def load_library(path):
+    """Take the C API from the library at path for this process: None, or why not."""
+    global _api, _env, _cpu_info, _run, _create_tensor, _release_value, _release_status, C_API_LIBRARY
+    if _api != NULL:
+        return None
+    problem = []
+    cdef void** api = _open(path, problem)
+    if api == NULL:
+        return problem[0]
+    _api = api
+    _release_status = <ReleaseFn>api[SLOT_ReleaseStatus]
+    _release_value = <ReleaseFn>api[SLOT_ReleaseValue]
+    _run = <RunFn>api[SLOT_Run]
+    _create_tensor = <CreateTensorWithDataFn>api[SLOT_CreateTensorWithDataAsOrtValue]
+    try:
+        _check((<CreateEnvFn>api[SLOT_CreateEnv])(2, b"ortlite", &_env))  # warnings, as the pybind module's
+        _check((<CreateCpuMemoryInfoFn>api[SLOT_CreateCpuMemoryInfo])(OrtArenaAllocator, OrtMemTypeDefault, &_cpu_info))
+    except OrtError as e:
+        _api = NULL
+        return f"{path}: {e}"
+    C_API_LIBRARY = path
+    return None
+
+
+def _load_at_import():
+    try:
+        return load_library(_library_path())
+    except Exception as e:  # an unusual wheel: no such file, no version
+        return f"cannot find ONNX Runtime's library: {e}"
+
+
+C_API_PROBLEM = _load_at_import()
+
+
+cdef class CRunOptions:
+    cdef OrtRunOptions* ptr
+
+    def __cinit__(self, int log_severity_level=ORT_LOGGING_LEVEL_FATAL, dict config=None):
+        _check((<CreateRunOptionsFn>_api[SLOT_CreateRunOptions])(&self.ptr))
+        _check((<RunOptionsIntFn>_api[SLOT_RunOptionsSetRunLogSeverityLevel])(self.ptr, log_severity_level))
+        for key, value in (config or {}).items():
+            _check((<AddConfigEntryFn>_api[SLOT_AddRunConfigEntry])(self.ptr, key.encode(), value.encode()))
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            (<ReleaseFn>_api[SLOT_ReleaseRunOptions])(self.ptr)
+
+
+cdef class CSession:
+    """An OrtSession made through the C API (CPU execution provider)."""
+    cdef OrtSession* ptr
+    cdef readonly list providers
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            (<ReleaseFn>_api[SLOT_ReleaseSession])(self.ptr)
+
+    def get_providers(self):
+        return list(self.providers)
+
+
+cdef class CFloor:
+    """bench/overhead.py's C-API floor: Run on OrtValues made once over these tensors."""
+    cdef CSession sess
+    cdef CRunOptions run_options
+    cdef list keep
+    cdef Py_ssize_t n_in, n_out
+    cdef const char** names
+    cdef OrtValue** values
+
+    def __init__(self, CSession sess, dict inputs, dict outputs, dict elem_types):
+        cdef Py_ssize_t k
+        self.sess, self.run_options = sess, CRunOptions()
+        items = list(inputs.items()) + list(outputs.items())
+        self.keep = [(name.encode(), t) for name, t in items]
+        self.n_in, self.n_out = len(inputs), len(outputs)
+        self.names = <const char**>calloc(len(items) + 1, sizeof(char*))
+        self.values = <OrtValue**>calloc(len(items) + 1, sizeof(OrtValue*))
+        for k, (name, t) in enumerate(self.keep):
+            self.names[k] = <const char*>name
+            self.values[k] = _wrap(_cpu_info, t.data_ptr(), t.shape, elem_types[t.dtype], t.element_size())
+
+    def __dealloc__(self):
+        cdef Py_ssize_t k
+        if self.values != NULL:
+            for k in range(self.n_in + self.n_out):
+                _release(self.values[k])
+        free(self.values)
+        free(self.names)
+
+    def __call__(self):
+        cdef OrtStatus* status
+        with nogil:
+            status = _run(self.sess.ptr, self.run_options.ptr, self.names, <const OrtValue* const*>self.values, self.n_in,
+                          self.names + self.n_in, self.n_out, self.values + self.n_in)
+        _check(status)
+
+
+cdef Py_ssize_t _live_values = 0  # OrtValues ortlite owns now (tests check it stays flat)
+
+
+def live_values():
+    return _live_values
+
+
+cdef inline void _release(OrtValue* value) noexcept:
+    global _live_values
+    if value != NULL:
+        _live_values -= 1
+        _release_value(value)
+
+
+cdef OrtValue* _wrap(OrtMemoryInfo* info, uintptr_t ptr, shape, int elem_type, Py_ssize_t itemsize) except? NULL:
+    """An OrtValue over memory at ptr (not owned) of this shape and element type."""
+    cdef int64_t dims[64]
+    cdef Py_ssize_t rank = len(shape), k
+    cdef size_t nbytes = itemsize
+    cdef OrtValue* value = NULL
+    if rank > 64:
+        raise ValueError(f"ortlite: tensors of rank {rank} are not supported (at most 64)")
+    for k in range(rank):
+        dims[k] = shape[k]
+        nbytes *= <size_t>dims[k]
+    _check(_create_tensor(info, <void*>ptr, nbytes, dims, rank, elem_type, &value))
+    global _live_values
+    _live_values += 1
+    return value
+
+
+def create_c_session(bytes model, int intra_op_threads, int inter_op_threads, int optimization_level,
+                     dict config=None, list weight_names=None, list weights=None):
+    """A CPU session through the C API. weights: (tensor, elem_type) per name in weight_names,
+    contiguous CPU tensors given to ORT as external initializers (ORT copies them)."""
+    if _api == NULL:
+        raise RuntimeError(f"ortlite: ONNX Runtime's C API is not available: {C_API_PROBLEM}")
+    cdef OrtSessionOptions* so = NULL
+    cdef CSession sess = CSession.__new__(CSession)
+    cdef const char** names = NULL
+    cdef OrtValue** values = NULL
+    cdef Py_ssize_t n = len(weight_names) if weight_names else 0, k
+    cdef const char* data = model
+    encoded = [name.encode() for name in weight_names or ()]
+    try:
+        _check((<CreateSessionOptionsFn>_api[SLOT_CreateSessionOptions])(&so))
+        _check((<SessionOptionsIntFn>_api[SLOT_SetIntraOpNumThreads])(so, intra_op_threads))
+        _check((<SessionOptionsIntFn>_api[SLOT_SetInterOpNumThreads])(so, inter_op_threads))
+        _check((<SessionOptionsIntFn>_api[SLOT_SetSessionGraphOptimizationLevel])(so, optimization_level))
+        _check((<SessionOptionsIntFn>_api[SLOT_SetSessionLogSeverityLevel])(so, ORT_LOGGING_LEVEL_FATAL))
+        for key, value in (config or {}).items():
+            _check((<AddConfigEntryFn>_api[SLOT_AddSessionConfigEntry])(so, key.encode(), value.encode()))
+        if n:
+            names = <const char**>calloc(n, sizeof(char*))
+            values = <OrtValue**>calloc(n, sizeof(OrtValue*))
+            if names == NULL or values == NULL:
+                raise MemoryError()
+            for k in range(n):
+                t, elem_type = weights[k]
+                names[k] = encoded[k]
+                values[k] = _wrap(_cpu_info, t.data_ptr(), t.shape, elem_type, t.element_size())
+            _check((<AddExternalInitializersFn>_api[SLOT_AddExternalInitializers])(so, names, <const OrtValue* const*>values, n))
+        _check((<CreateSessionFromArrayFn>_api[SLOT_CreateSessionFromArray])(_env, data, len(model), so, &sess.ptr))
+    finally:
+        for k in range(n if values != NULL else 0):
+            _release(values[k])
+        free(names)
+        free(values)
+        if so != NULL:
+            (<ReleaseFn>_api[SLOT_ReleaseSessionOptions])(so)
+    sess.providers = ["CPUExecutionProvider"]
+    return sess
+
+
+cdef object _tensor_of(OrtValue* value, object template, int expected_type):
+    """A new torch tensor (like template: dtype, CPU) with a copy of value's contents."""
+    cdef OrtTensorTypeAndShapeInfo* info = NULL
+    cdef size_t rank, k
+    cdef int64_t dims[64]
+    cdef void* data
+    cdef int elem_type
+    _check((<GetTensorTypeAndShapeFn>_api[SLOT_GetTensorTypeAndShape])(value, &info))
+    try:
+        _check((<GetTensorElementTypeFn>_api[SLOT_GetTensorElementType])(info, &elem_type))
+        if elem_type != expected_type:
+            raise RuntimeError(f"ortlite: ONNX Runtime returned an output of ONNX element type {elem_type}, expected {expected_type}")
+        _check((<GetDimensionsCountFn>_api[SLOT_GetDimensionsCount])(info, &rank))
+        if rank > 64:
+            raise ValueError(f"ortlite: ONNX Runtime returned a tensor of rank {rank} (at most 64 supported)")
+        _check((<GetDimensionsFn>_api[SLOT_GetDimensions])(info, dims, rank))
+    finally:
+        (<ReleaseFn>_api[SLOT_ReleaseTensorTypeAndShapeInfo])(info)
+    out = template.new_empty([dims[k] for k in range(rank)])
+    _check((<GetTensorMutableDataFn>_api[SLOT_GetTensorMutableData])(value, &data))
+    if out.nbytes:
+        memcpy(<void*><uintptr_t>out.data_ptr(), data, out.nbytes)
+    return out
+
+
 cdef class _Binding:
-    """One IOBinding plus what was last bound to it, and buffers for scalar arguments."""
+    """What one caller at a time binds: a pybind IOBinding (iob), or for a CSession the
+    OrtValues of inputs and outputs (in_values, out_values; NULL where none); what was last
+    bound, and buffers for scalar arguments."""
     cdef object sess             # the session it belongs to, and the pool it goes back to
     cdef list pool
     cdef object iob
+    cdef OrtValue** in_values    # per argument
+    cdef OrtValue** out_values   # per ONNX output
+    cdef int64_t* scalars        # per argument: the memory of a Python number's 0-d value
+    cdef Py_ssize_t n_in, n_out
     cdef list bound_ptrs
     cdef list bound_shapes
     cdef list scalar_buffers     # 0-d tensors, bound once, written in place per call
     cdef list scalar_ptrs
     cdef list outputs            # the output tensors bound last (kept only when recycling)
     cdef list bound_out_ptrs
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.in_values != NULL:
+            for i in range(self.n_in):
+                _release(self.in_values[i])
+        if self.out_values != NULL:
+            for i in range(self.n_out):
+                _release(self.out_values[i])
+        free(self.in_values)
+        free(self.out_values)
+        free(self.scalars)
+
+    cdef int set_input(self, Py_ssize_t i, uintptr_t ptr, shape, int elem_type, Py_ssize_t itemsize) except -1:
+        cdef OrtValue* value = _wrap(_cpu_info, ptr, shape, elem_type, itemsize)
+        _release(self.in_values[i])
+        self.in_values[i] = value
+        return 0
+
+    cdef int set_output(self, Py_ssize_t i, uintptr_t ptr, shape, int elem_type, Py_ssize_t itemsize) except -1:
+        """ptr 0: ORT allocates this output."""
+        cdef OrtValue* value = _wrap(_cpu_info, ptr, shape, elem_type, itemsize) if ptr else NULL
+        _release(self.out_values[i])
+        self.out_values[i] = value
+        return 0
 
 
 cdef object _storage_use_count = torch._C._storage_Use_Count
@@ -132,7 +432,7 @@ cdef inline bint _unobservable(object t, uintptr_t ptr):
         and not _has_weakrefs(t)
         and t._use_count() == 1
         and not t.requires_grad
-        and t.data_ptr() == ptr
+        and <uintptr_t>_data_ptr_of(t) == ptr
         and _storage_use_count(t.untyped_storage()._cdata) == _SOLE_STORAGE_COUNT
         and not t.__dict__
     )
@@ -189,6 +489,14 @@ cdef class Runner:
     cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or unfreezes
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
     cdef object replacement     # that callable, once ORT has failed: calls go to it
+    cdef CRunOptions c_run_options  # for CSessions
+    cdef Py_ssize_t n_fed           # arguments ORT gets a value for (not unused, not frozen)
+    cdef Py_ssize_t* feed_pos       # per argument: its position among those, -1 for none
+    cdef const char** c_in_names    # per fed argument
+    cdef const char** c_out_names
+    cdef list in_itemsizes
+    cdef list out_itemsizes
+    cdef list c_names               # the bytes c_in_names and c_out_names point into
     cdef object __weakref__
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
@@ -255,30 +563,73 @@ cdef class Runner:
         self.recycle_outputs = recycle_outputs
         self.sizes_fn = sizes_fn
         self.recycle_max_bytes = recycle_max_bytes
-        if recycle_outputs:  # two bindings used in turn: the caller usually still holds the last result
-            self.pool.extend([self._new_binding(), self._new_binding()])
         self.guard_factory = guard_factory
         self.tensor_indices = [i for i in range(self.n_args) if self.kinds[i] == K_TENSOR]
         self.all_tensors = len(self.tensor_indices) == self.n_args
         self.failure_outputs = [f[0] for f in failures]
         self.failure_messages = [f[1] for f in failures]
         self.failure_to_torch = [f[2] for f in failures]
+        self._c_names(inputs, outputs)
+        if recycle_outputs:  # two bindings used in turn: the caller usually still holds the last result
+            self.pool.extend([self._new_binding(), self._new_binding()])
+
+    cdef _c_names(self, inputs, outputs):
+        cdef Py_ssize_t i, k = 0
+        self.in_itemsizes = [d.itemsize if d is not None else 0 for d in self.in_dtypes]
+        self.out_itemsizes = [t.element_size() for t in self.out_templates]
+        if _api == NULL:
+            return
+        self.c_run_options = CRunOptions()
+        self.c_names = [name.encode() if name is not None else None for name in self.in_names] + [n.encode() for n in self.out_names]
+        self.feed_pos = <Py_ssize_t*>calloc(self.n_args + 1, sizeof(Py_ssize_t))
+        self.c_in_names = <const char**>calloc(self.n_args + 1, sizeof(char*))
+        self.c_out_names = <const char**>calloc(len(self.out_names) + 1, sizeof(char*))
+        if self.feed_pos == NULL or self.c_in_names == NULL or self.c_out_names == NULL:
+            raise MemoryError()
+        for i in range(self.n_args):
+            if self.c_names[i] is None or self.kinds[i] == K_UNUSED or self.kinds[i] == K_FROZEN:
+                self.feed_pos[i] = -1
+            else:
+                self.feed_pos[i] = k
+                self.c_in_names[k] = <const char*>self.c_names[i]
+                k += 1
+        self.n_fed = k
+        for i in range(len(self.out_names)):
+            self.c_out_names[i] = <const char*>self.c_names[self.n_args + i]
+
+    def __dealloc__(self):
+        free(self.feed_pos)
+        free(self.c_in_names)
+        free(self.c_out_names)
 
     cdef _Binding _new_binding(self):
         cdef _Binding b = _Binding()
         cdef Py_ssize_t i
+        cdef bint c = type(self.sess) is CSession
         b.sess = self.sess
         b.pool = self.pool
-        b.iob = self.binding_factory(self.sess)
         b.bound_ptrs = [None] * self.n_args
         b.bound_shapes = [None] * self.n_args
         b.scalar_buffers = [None] * self.n_args
         b.scalar_ptrs = [0] * self.n_args
         b.outputs = [None] * len(self.out_names)
         b.bound_out_ptrs = [0] * len(self.out_names)
+        if c:
+            b.n_in, b.n_out = self.n_fed, len(self.out_names)
+            b.in_values = <OrtValue**>calloc(b.n_in + 1, sizeof(OrtValue*))
+            b.out_values = <OrtValue**>calloc(b.n_out + 1, sizeof(OrtValue*))
+            b.scalars = <int64_t*>calloc(self.n_args + 1, sizeof(int64_t))
+            if b.in_values == NULL or b.out_values == NULL or b.scalars == NULL:
+                raise MemoryError()
+        else:
+            b.iob = self.binding_factory(self.sess)
         for i in range(self.n_args):
             kind = self.kinds[i]
             if kind == K_INT or kind == K_FLOAT or kind == K_BOOL:
+                if c:
+                    b.scalar_ptrs[i] = <uintptr_t>&b.scalars[i]
+                    b.set_input(self.feed_pos[i], b.scalar_ptrs[i], (), self.in_elem_types[i], self.in_itemsizes[i])
+                    continue
                 buf = torch.zeros((), dtype=self.in_dtypes[i])
                 b.scalar_buffers[i] = buf
                 b.scalar_ptrs[i] = buf.data_ptr()
@@ -318,12 +669,19 @@ cdef class Runner:
             else:
                 shapes = sizes = None
             outs = self._bind_outputs(b, shapes)
-            try:
-                if self.out_names:  # a graph of size arithmetic alone has nothing for ORT to run
+            error = None
+            if not self.out_names:  # a graph of size arithmetic alone has nothing for ORT to run
+                pass
+            elif b.iob is None:
+                error = self._run_c(b)
+            else:
+                try:
                     b.sess.run_with_iobinding(b.iob, self.run_options)
-            except Exception as e:
+                except Exception as e:
+                    error = e
+            if error is not None:
                 failed = RunError(
-                    f"ortlite: ONNX Runtime failed running graph {self.name}: {e}\n"
+                    f"ortlite: ONNX Runtime failed running graph {self.name}: {error}\n"
                     f"inputs: {self.describe_inputs()}; set ORTLITE_DUMP_DIR to write the model for inspection"
                 )
             if failed is None:
@@ -343,6 +701,21 @@ cdef class Runner:
             return (outs[0],) if self.returns_tuple else outs[0]
         results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
+
+    cdef _run_c(self, _Binding b):
+        """Runs a CSession on the binding's values; returns the OrtError of a failed run."""
+        cdef OrtStatus* status
+        cdef OrtSession* sess = (<CSession>b.sess).ptr
+        cdef OrtRunOptions* run_options = self.c_run_options.ptr
+        with nogil:
+            status = _run(sess, run_options, self.c_in_names, <const OrtValue* const*>b.in_values, b.n_in,
+                          self.c_out_names, b.n_out, b.out_values)
+        if status == NULL:
+            return None
+        try:
+            _check(status)
+        except OrtError as e:
+            return e
 
     cdef bint _weights_changed(self, tuple args):
         """Whether a frozen argument is not what the session was built from: another tensor
@@ -448,10 +821,16 @@ cdef class Runner:
     cdef _take_ort_allocated(self, _Binding b, list outs):
         """Outputs ORT allocated (None in outs) become torch tensors through DLPack. (No
         `None in outs`: that compares tensors with None through torch's __eq__, ~13 µs.)"""
+        global _live_values
         cdef Py_ssize_t i
         allocated = None
         for i in range(len(outs)):
             if outs[i] is None:
+                if b.iob is None:  # a copy: the OrtValue's memory is ORT's
+                    _live_values += 1  # made by Run
+                    outs[i] = _tensor_of(b.out_values[i], self.out_templates[i], self.out_elem_types[i])
+                    b.set_output(i, 0, None, 0, 0)
+                    continue
                 if allocated is None:
                     allocated = b.iob.get_outputs()
                 outs[i] = from_dlpack(allocated.dlpack_at(i))
@@ -469,7 +848,10 @@ cdef class Runner:
             if not static:
                 shape = shapes[i]
                 if shape is None:
-                    b.iob.bind_output(self.out_names[i], self.out_ort_devices[i])
+                    if b.iob is None:
+                        b.set_output(i, 0, None, 0, 0)
+                    else:
+                        b.iob.bind_output(self.out_names[i], self.out_ort_devices[i])
                     outs.append(None)
                     continue
             if self.recycle_outputs:
@@ -480,8 +862,11 @@ cdef class Runner:
                     outs.append(last)
                     continue
             out = empty_like(self.out_templates[i]) if static else self.out_templates[i].new_empty(shape)
-            ptr = out.data_ptr() or self.scratch_ptr
-            b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], shape, ptr)
+            ptr = _data_ptr_of(out) or self.scratch_ptr
+            if b.iob is None:
+                b.set_output(i, ptr, shape, self.out_elem_types[i], self.out_itemsizes[i])
+            else:
+                b.iob.bind_output(self.out_names[i], self.out_ort_devices[i], self.out_elem_types[i], shape, ptr)
             if self.recycle_outputs:
                 b.outputs[i] = out
                 b.bound_out_ptrs[i] = ptr
@@ -499,14 +884,14 @@ cdef class Runner:
             if kind != K_TENSOR:
                 self._write_scalar(b, i, kind, a)
             elif self.in_static[i]:
-                ptr = a.data_ptr() or self.scratch_ptr
+                ptr = _data_ptr_of(a) or self.scratch_ptr
                 if ptr != b.bound_ptrs[i]:
                     self._bind_input(b, i, self.in_shapes[i], ptr)
             else:
                 if not a.is_contiguous():  # dynamic dims: the guard does not check strides
                     return self._bind_validated(b, args)
                 shape = a.shape
-                ptr = a.data_ptr() or self.scratch_ptr
+                ptr = _data_ptr_of(a) or self.scratch_ptr
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
         return None
@@ -527,7 +912,10 @@ cdef class Runner:
         return tuple([args[i] for i in self.tensor_indices])
 
     cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, ptr):
-        b.iob.bind_input(self.in_names[i], self.in_ort_devices[i], self.in_elem_types[i], shape, ptr)
+        if b.iob is None:
+            b.set_input(self.feed_pos[i], ptr, shape, self.in_elem_types[i], self.in_itemsizes[i])
+        else:
+            b.iob.bind_input(self.in_names[i], self.in_ort_devices[i], self.in_elem_types[i], shape, ptr)
         b.bound_ptrs[i] = ptr
         b.bound_shapes[i] = shape
 
@@ -554,7 +942,7 @@ cdef class Runner:
                 if not a.is_contiguous():
                     a = a.contiguous()
                     keep_alive.append(a)
-                ptr = a.data_ptr() or self.scratch_ptr
+                ptr = _data_ptr_of(a) or self.scratch_ptr
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
             else:
@@ -599,6 +987,11 @@ cdef class Runner:
     cdef _mismatch(self, Py_ssize_t i, a):
         from ortlite.runner import describe_mismatch
         raise describe_mismatch(self.name, i, self.in_names[i], self.in_dtypes[i], self.in_device_index[i], self.in_shapes[i], a)
+
+    @property
+    def uses_c_api(self):
+        """Whether the session (for the current stream) runs through ONNX Runtime's C API."""
+        return type(self.sess) is CSession
 
     @property
     def providers(self):

@@ -13,6 +13,7 @@ import onnxruntime
 import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as C
 
+from . import _fast
 from .logs import warn_once
 from .options import Options
 
@@ -182,6 +183,35 @@ class SessionCache:
         self.created = 0
 
 
+def c_api_problem() -> str | None:
+    """Why sessions cannot go through ONNX Runtime's C API here (None: they can).
+    ORTLITE_NO_C_API=1 pretends its library failed to load."""
+    if os.environ.get("ORTLITE_NO_C_API", "") not in ("", "0"):
+        return "ORTLITE_NO_C_API is set"
+    return _fast.C_API_PROBLEM
+
+
+def _c_api_serves(options: Options, providers: list[tuple], disabled_optimizers: tuple) -> bool:
+    """Whether this session goes through the C API: CPU alone, ortlite's own session options.
+    (Not yet ported: CUDA, a user's SessionOptions, disabled optimizers: the pybind module.)"""
+    if options.session_options is not None or disabled_optimizers or providers != [("CPUExecutionProvider", ())]:
+        return False
+    problem = c_api_problem()
+    if problem is not None:
+        warn_once(f"ortlite: running sessions through onnxruntime's Python module (slower per call): {problem}")
+        return False
+    return True
+
+
+def _c_session(model_bytes: bytes, weights: dict | None):
+    """A CPU session through the C API, with the options session_options() gives pybind ones."""
+    from .lower.builder import TORCH_TO_ONNX
+
+    names = list(weights) if weights else None
+    values = [(t.detach(), TORCH_TO_ONNX[t.dtype]) for t in weights.values()] if weights else None
+    return _fast.create_c_session(model_bytes, torch.get_num_threads(), 1, 99, None, names, values)  # 99: ORT_ENABLE_ALL
+
+
 def create_session(
     model_bytes: bytes,
     options: Options,
@@ -204,6 +234,8 @@ def create_session(
     if skipped:
         warn_once(f"ortlite: execution provider(s) skipped: {'; '.join(skipped)}")
     usable = [(name, opts) for name, opts in providers if not problems[name]]
+    if _c_api_serves(options, usable, disabled_optimizers):
+        return _c_session(model_bytes, weights)
     so = session_options(options, fresh=bool(weights))
     if weights:  # initializers over torch's memory; ORT takes what it needs from them
         from .frozen import ort_values
