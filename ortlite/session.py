@@ -213,16 +213,19 @@ def _c_session(model_bytes: bytes, weights: dict | None):
 
 
 def create_session(
-    model_bytes: bytes,
+    model_bytes: bytes | str,
     options: Options,
     providers: list[tuple],
     devices: set[torch.device],
     disabled_optimizers: tuple = (),
     weights: dict | None = None,
 ):
-    """The pybind session for these providers. Raises ProviderUnavailable when the provider
-    the graph's devices need cannot run (ORT itself would fall back to CPU in silence and
-    then read device pointers on the host); drops other providers that cannot, with a warning."""
+    """The session for these providers: through the C API where it serves them, else the
+    pybind module. model_bytes: the serialized model, or the path of a saved one (whose
+    external data lies beside it; the pybind module reads those). Raises ProviderUnavailable
+    when the provider the graph's devices need cannot run (ORT itself would fall back to CPU
+    in silence and then read device pointers on the host); drops other providers that cannot,
+    with a warning."""
     if any(d.type == "cuda" for d in devices):
         _load_cuda_libraries_from_wheels()
     needed = {p[0] for p in (device_provider(d) for d in devices) if p is not None}
@@ -234,7 +237,7 @@ def create_session(
     if skipped:
         warn_once(f"ortlite: execution provider(s) skipped: {'; '.join(skipped)}")
     usable = [(name, opts) for name, opts in providers if not problems[name]]
-    if _c_api_serves(options, usable, disabled_optimizers):
+    if isinstance(model_bytes, bytes) and _c_api_serves(options, usable, disabled_optimizers):
         return _c_session(model_bytes, weights)
     so = session_options(options, fresh=bool(weights))
     if weights:  # initializers over torch's memory; ORT takes what it needs from them
