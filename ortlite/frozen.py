@@ -133,6 +133,8 @@ def ort_values(tensors) -> list:
     values = []
     for t in tensors:
         host = t.detach() if t.device.type == "cpu" else t.detach().cpu()
+        if t.dtype == torch.bool:  # ORT's DLPack reader takes bools as uint8 with a flag, not kDLBool
+            host = host.view(torch.uint8)
         values.append(onnxruntime.OrtValue(C.OrtValue.from_dlpack(to_dlpack(host), t.dtype == torch.bool)))
     return values
 

@@ -391,6 +391,36 @@ def test_marked_static_tensors_that_are_not_weights_stay_inputs():
     assert backend.stats.frozen == 2
 
 
+class _Masked(torch.nn.Module):
+    """Buffers of every dtype a model keeps: a bool causal mask (GPT-Neo), int positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+        self.register_buffer("mask", torch.tril(torch.ones(6, 6, dtype=torch.bool)))
+        self.register_buffer("positions", torch.arange(6))
+        self.register_buffer("scale", torch.tensor(0.5, dtype=torch.float64))
+
+    def forward(self, x):
+        scores = self.linear(x).masked_fill(~self.mask, -1e9) * self.scale
+        return scores.softmax(-1) + self.positions
+
+
+@pytest.mark.parametrize("path", ["c_api", "pybind"])
+def test_buffers_of_every_dtype_are_frozen(path, monkeypatch):
+    if path == "pybind":  # sessions through onnxruntime's Python module: weights go in by DLPack
+        monkeypatch.setenv("ORTLITE_NO_C_API", "1")
+    model = _Masked()
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(2, 6, 6)
+    with torch.no_grad():
+        assert_same(compiled(x), model(x))
+        model.mask[0, 0] = False  # a change to the bool buffer is seen
+        assert_same(compiled(x), model(x))
+    assert backend.stats.frozen == 5
+
+
 CUDA_REASON = "needs a CUDA GPU" if not torch.cuda.is_available() else ""
 
 
