@@ -823,14 +823,19 @@ cdef class Runner:
         `None in outs`: that compares tensors with None through torch's __eq__, ~13 µs.)"""
         global _live_values
         cdef Py_ssize_t i
+        if b.iob is None:  # the C API: copies, then ORT's values released, even if one copy fails
+            made = [i for i in range(len(outs)) if outs[i] is None]
+            _live_values += len(made)  # made by Run
+            try:
+                for i in made:
+                    outs[i] = _tensor_of(b.out_values[i], self.out_templates[i], self.out_elem_types[i])
+            finally:
+                for i in made:
+                    b.set_output(i, 0, None, 0, 0)
+            return
         allocated = None
         for i in range(len(outs)):
             if outs[i] is None:
-                if b.iob is None:  # a copy: the OrtValue's memory is ORT's
-                    _live_values += 1  # made by Run
-                    outs[i] = _tensor_of(b.out_values[i], self.out_templates[i], self.out_elem_types[i])
-                    b.set_output(i, 0, None, 0, 0)
-                    continue
                 if allocated is None:
                     allocated = b.iob.get_outputs()
                 outs[i] = from_dlpack(allocated.dlpack_at(i))

@@ -312,7 +312,9 @@ class Backend:
         try:
             runner = runner_for(name, lowered, gm, self.options, self._sessions, boxed=boxed, frozen=frozen, unfrozen=unfrozen)
             runner.on_run_failure = functools.partial(self._after_run_failure, gm, name, lowered.node_origin, runner)
-            if frozen:  # for ortlite.explain's fusions: which ONNX inputs became initializers
+            # for ortlite.explain's fusions: the session as ortlite made it
+            runner.disabled_optimizers = lowered.disabled_optimizers
+            if frozen:  # which ONNX inputs became initializers
                 runner.frozen_names = {i: lowered.inputs[i].name for i in frozen}
             return runner
         except Exception as e:

@@ -100,7 +100,8 @@ def _optimized_ops(path: str, runner) -> dict:
     so.log_severity_level = 4
     so.optimized_model_filepath = path + ".optimized.onnx"
     providers = runner.providers if runner is not None else ["CPUExecutionProvider"]
-    onnxruntime.InferenceSession(model.SerializeToString(), so, providers=providers)
+    disabled = list(getattr(runner, "disabled_optimizers", ())) or None  # as the real session
+    onnxruntime.InferenceSession(model.SerializeToString(), so, providers=providers, disabled_optimizers=disabled)
     before = collections.Counter(n.op_type for n in model.graph.node)
     after = collections.Counter(n.op_type for n in onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node)
     return {op: (before[op], after[op]) for op in before.keys() | after.keys()}

@@ -29,7 +29,7 @@ from sympy.core.assumptions import _assume_defined
 from torch.export.graph_signature import OutputKind
 from torch.utils import _pytree as pytree
 
-from .lower import InputSpec, LoweredGraph, OutputSpec
+from .lower import SCALAR_DTYPES, InputSpec, LoweredGraph, OutputSpec
 from .lower.builder import TORCH_TO_ONNX
 from .options import Options
 
@@ -55,6 +55,7 @@ SYMBOL_NAME = re.compile(r"[a-z]+[0-9]+")  # ShapeEnv's names (s0, u3); they bec
 DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in TORCH_TO_ONNX}
 MUTATION_KINDS = {kind.name: kind for kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)}
 KINDS = ("tensor", "int", "float", "bool", "unused")
+MAX_EXPONENT = 64  # of a size expression's powers (sizes are products of a few symbols)
 
 
 class _Invalid(Exception):
@@ -211,7 +212,10 @@ def load(path, options=None):
         raise
     except Exception as e:  # ORT's own checks of the graph
         raise ValueError(f"ortlite.load: {path}: ONNX Runtime cannot load the model: {e}") from None
-    compiled = build_runner("aot", lowered, sess, cls=cls, session_for_stream=session_for_stream)
+    try:
+        compiled = build_runner("aot", lowered, sess, cls=cls, session_for_stream=session_for_stream)
+    except (ValueError, TypeError, RecursionError, MemoryError, SyntaxError) as e:  # e.g. its sizes code
+        raise ValueError(f"ortlite.load: {path}: its metadata does not make a runner: {type(e).__name__}: {e}") from None
     targets = [b["buffer"] for b in saved["bound"]]
     return attach(
         compiled, lowered, saved["weights"], targets, saved["in_spec"], saved["out_spec"], saved["mutations"], dict(zip(targets, saved["weights"]))
@@ -230,7 +234,7 @@ def _read(path: str, data: bytes):
     try:
         metadata = json.loads(entry)
         version = metadata["format"]
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise _Invalid(f"its ortlite metadata is not valid JSON with a format version: {e}") from None
     if not isinstance(version, int) or version > FORMAT:
         raise _Invalid(f"it was written in ortlite format {version!r}; this ortlite reads format {FORMAT} and older")
@@ -244,7 +248,8 @@ def _read(path: str, data: bytes):
         lowered, saved = _decode(model, metadata)
     except _Invalid:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:  # torch.device("?") is a RuntimeError
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError, RecursionError, MemoryError) as e:
+        # torch.device("?") is a RuntimeError; nesting past Python's limits a RecursionError
         raise _Invalid(f"malformed ortlite metadata ({type(e).__name__}: {e})") from None
     saved["external"] = external
     return model, lowered, saved
@@ -297,7 +302,9 @@ def _decode(model: onnx.ModelProto, m: dict):
         sizes[symbol] = [tuple(s) for s in entry["sources"]]
     failures = []
     for i, message, to_torch in m["failures"]:
-        if type(i) is not int or not 0 <= i < len(ort_outputs) or ort_outputs[i].dtype != torch.bool or not isinstance(message, str):
+        flag = ort_outputs[i] if type(i) is int and 0 <= i < len(ort_outputs) else None
+        # the runner reads each flag's one byte on the host: a 0-d CPU bool, nothing else
+        if flag is None or flag.dtype != torch.bool or flag.shape != () or flag.device not in (None, torch.device("cpu")) or not isinstance(message, str):
             raise _Invalid(f"malformed ortlite metadata: failure output {i!r}")
         failures.append((i, message, bool(to_torch)))
     disabled = tuple(m["disabled_optimizers"])
@@ -343,6 +350,9 @@ def _input_spec(j: dict, expr) -> InputSpec:
     if not isinstance(j["name"], str) or (device is not None and device.type not in ("cpu", "cuda")):
         raise _Invalid(f"malformed ortlite metadata: argument {j!r}")
     shape = tuple(_dim(expr(d)) for d in j["shape"])
+    if kind in SCALAR_DTYPES and (dtype != SCALAR_DTYPES[kind] or shape != () or device not in (None, torch.device("cpu"))):
+        # the runner writes a Python scalar as 8 bytes on the host: only the dtype it expects
+        raise _Invalid(f"malformed ortlite metadata: {kind} argument {j['name']!r} as {dtype}{list(shape)} on {device}")
     return InputSpec(kind, j["name"], dtype, shape, device)
 
 
@@ -370,6 +380,9 @@ def _decode_expr(j, symbols: dict):
         if head == "Float" and len(args) == 1 and isinstance(args[0], str):
             float(args[0])  # a number, else ValueError
             return sympy.Float(args[0])
+        if head == "Pow" and not (len(args) == 2 and type(args[1]) is int and -MAX_EXPONENT <= args[1] <= MAX_EXPONENT):
+            # the sizes code writes s**e as e multiplications: a file could ask for 2**62
+            raise _Invalid(f"malformed ortlite metadata: size expression {j!r} (exponent past {MAX_EXPONENT})")
         if head in FUNCTIONS:  # as saved, already simplified: not evaluated again (a file could ask for 10**10**9)
             return FUNCTIONS[head](*(_decode_expr(a, symbols) for a in args), evaluate=False)
     raise _Invalid(f"malformed ortlite metadata: size expression {j!r}")

@@ -96,6 +96,19 @@ def test_scalars_empty_tensors_and_ort_allocated_outputs():
         torch.testing.assert_close(fn(x), F.interpolate(x, scale_factor=1.7, mode="nearest") + 1)
 
 
+def test_ort_allocated_outputs_through_the_c_api(monkeypatch):
+    """Outputs whose sizes only ONNX Runtime knows before the run, from a C-API session.
+    (This graph computes its sizes in float64, for which ortlite disables an optimizer and so
+    uses pybind; it has no MatMul for that optimizer to touch, so the C API serves it here.)"""
+    monkeypatch.setattr(ortlite.session, "_c_api_serves", lambda options, providers, disabled: True)
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    fn = torch.compile(lambda x: F.interpolate(x, scale_factor=1.7, mode="nearest") + 1, backend=backend, dynamic=True)
+    for n in (5, 9, 12, 5):
+        x = torch.randn(1, 2, n, n)
+        torch.testing.assert_close(fn(x), F.interpolate(x, scale_factor=1.7, mode="nearest") + 1)
+    assert backend._runners and all(r.uses_c_api for r in backend._runners)
+
+
 def _rss_bytes():
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -200,6 +200,49 @@ def test_tampered_metadata(tmp_path, change, problem):
         ortlite.load(path)
 
 
+class Positive(torch.nn.Module):
+    def forward(self, x, n: int):
+        return x > n
+
+
+def _int_index(metadata) -> int:
+    return next(i for i, a in enumerate(metadata["inputs"]) if a["kind"] == "int")
+
+
+@pytest.mark.parametrize(
+    "change,problem",
+    [
+        # the runner writes an int argument as 8 bytes on the host: a 1-byte dtype, a shape or
+        # a device for it would be a write past its buffer
+        (lambda m: m["inputs"][_int_index(m)].update(dtype="int8"), "int argument .* as torch.int8"),
+        (lambda m: m["inputs"][_int_index(m)].update(device="cuda:0"), "int argument .* on cuda:0"),
+        # a failure flag is read as one byte of a 0-d CPU bool: not a bool tensor of 3 (or 0)
+        (lambda m: m.update(failures=[[0, "boom", False]]), "failure output 0"),
+        # sizes code writes s**e as e multiplications
+        (lambda m: m["inputs"][0].update(shape=[["Pow", ["Add", 1, 2], 2**62]]), "exponent past 64"),
+    ],
+    ids=["scalar_dtype", "scalar_device", "failure_flag", "power"],
+)
+def test_metadata_that_would_make_the_runner_unsafe_is_refused(tmp_path, change, problem):
+    path = tmp_path / "positive.onnx"
+    ortlite.compile(Positive(), (torch.randn(3), 2), dynamic_shapes={"x": None, "n": Dim.DYNAMIC}).save(path)
+    _rewrite_metadata(path, change)
+    with pytest.raises(ValueError, match=f"^ortlite.load: {path}: .*{problem}"):
+        ortlite.load(path)
+
+
+def test_metadata_nested_past_pythons_limits_is_a_value_error(tmp_path):
+    path = _saved_mlp(tmp_path)
+    model = onnx.load(path)
+    (entry,) = [p for p in model.metadata_props if p.key == "ortlite"]
+    deep = '["Add", ' * 5000 + "1" + ", 1]" * 5000  # json.loads and sympy both recurse
+    for text in (deep, json.dumps(json.loads(entry.value) | {"format": 1}).replace('"shape": [2, 64]', f'"shape": [{deep}, 64]', 1)):
+        entry.value = text
+        onnx.save(model, path)
+        with pytest.raises(ValueError, match=f"^ortlite.load: {path}: "):
+            ortlite.load(path)
+
+
 def test_edited_graph_and_foreign_file(tmp_path):
     path = _saved_mlp(tmp_path)
     model = onnx.load(path)
