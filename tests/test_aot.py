@@ -183,19 +183,20 @@ def test_input_mutation_reaches_the_caller():
 def test_concurrent_calls_from_threads():
     model = MLP().eval()
     compiled = ortlite.compile(model, (torch.randn(2, 64),))
-    inputs = [torch.randn(2, 64) for _ in range(4)]
+    inputs = [torch.randn(2, 64) for _ in range(8)]
     with torch.no_grad():
         expected = [model(x) for x in inputs]
     errors = []
 
-    def work(i):
+    def work(k):  # each thread cycles through the inputs: pointers change under every binding
         try:
-            for _ in range(300):
-                torch.testing.assert_close(compiled(inputs[i]), expected[i])
+            for i in range(300):
+                j = (i + k) % len(inputs)
+                torch.testing.assert_close(compiled(inputs[j]), expected[j])
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,10 +1,10 @@
 """Sessions through ONNX Runtime's C API (ortlite/_fast.pyx, _ort.pxd): chosen per session,
 with the pybind module's path kept (and forced by ORTLITE_NO_C_API=1); errors carry ORT's
-message; no OrtValue or OrtStatus leaks; thread safety."""
+message; no OrtValue or OrtStatus leaks. (Threads sharing a runner, on whichever path is the default:
+test_aot.py::test_concurrent_calls_from_threads.)"""
 
 import logging
 import os
-import threading
 
 import pytest
 import torch
@@ -150,29 +150,6 @@ def test_calls_do_not_leak():
     values = _fast.live_values()
     failures(5000)  # RSS is no measure here: ORT's error path grows its allocators' arenas in steps
     assert _fast.live_values() == values
-
-
-def test_four_threads_share_a_runner():
-    model = MLP().eval()
-    compiled = ortlite.compile(model, (torch.randn(3, 16),))
-    inputs = [torch.randn(3, 16) for _ in range(8)]
-    expected = [model(x).detach() for x in inputs]
-    errors = []
-
-    def work(k):
-        try:
-            for i in range(300):
-                j = (i + k) % len(inputs)
-                torch.testing.assert_close(compiled(inputs[j]), expected[j])
-        except Exception as e:  # reported by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
 
 
 def test_frozen_weights_through_the_c_api(monkeypatch):
