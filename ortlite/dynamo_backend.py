@@ -35,7 +35,7 @@ from .partition import (
 )
 from .runner import runner_for
 from .session import SessionCache
-from .specialize import Specializing, scalar_arguments, with_values
+from .specialize import Specializing, attribute_floats, scalar_arguments, with_constants, with_values
 
 _graph_ids = itertools.count()
 
@@ -115,8 +115,9 @@ class Backend:
         if options:
             return self.for_options(options)(gm, example_inputs)
         # Dynamo's example inputs are the real tensors (parameters included): the inference
-        # compiler freezes weights from them. Held only while aot_autograd compiles.
-        dynamo_graph = {"gm": gm, "inputs": list(example_inputs)} if self.options.freeze_weights else {}
+        # compiler freezes weights from them, and reads from gm which floats are attributes.
+        # Held only while aot_autograd compiles.
+        dynamo_graph = {"gm": gm, "inputs": list(example_inputs)}
         try:
             return aot_autograd(
                 fw_compiler=self._compile_forward,
@@ -144,18 +145,20 @@ class Backend:
         return self.compile_graph(gm, "backward")
 
     def _compile_inference(self, dynamo_graph: dict, gm, example_inputs):
-        """A forward graph no output of which needs grad: its weights can be frozen."""
+        """A forward graph no output of which needs grad: its weights can be frozen, and
+        floats read from attributes become constants (checked per call)."""
         frozen = {}
-        if dynamo_graph:
-            lifted = list(getattr(torch._guards.TracingContext.try_get(), "params_flat", None) or ())
+        lifted = list(getattr(torch._guards.TracingContext.try_get(), "params_flat", None) or ())
+        if self.options.freeze_weights:
             weights = weight_indices(dynamo_graph["gm"], len(lifted))
             frozen = frozen_inputs(gm, lifted + dynamo_graph["inputs"], weights)
-        return self.compile_graph(gm, "forward", frozen)
+        return self.compile_graph(gm, "forward", frozen, attribute_floats(dynamo_graph["gm"], len(lifted), gm))
 
-    def compile_graph(self, gm: torch.fx.GraphModule, kind: str, frozen: dict | None = None):
+    def compile_graph(self, gm: torch.fx.GraphModule, kind: str, frozen: dict | None = None, floats: dict | None = None):
         """One aten graph -> a boxed callable (aot_autograd's convention): a runner when ORT
         runs all of it, else the graph with its supported parts replaced by runners.
-        frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen)."""
+        frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen).
+        floats: placeholder -> index, 0-d float arguments to make constants (specialize.py)."""
         if kind == "forward":
             alias_views_to_torch(gm)
         name = f"{kind}_{next(_graph_ids)}"
@@ -165,7 +168,19 @@ class Backend:
             self._fallback_ops.update(op_name(n) for n in _calls(gm))
             self._reports.append(GraphReport.of(name, gm, [], {n: why for n in _calls(gm)}))
             return make_boxed_func(gm)
+        if floats:  # compiled per set of their values, the first at the first call
+            return make_boxed_func(self._constant_floats(gm, name, floats, frozen))
         return self._compile(gm, name, boxed=True, frozen=frozen)
+
+    def _constant_floats(self, gm, name, floats, frozen) -> Specializing:
+        """gm with the float arguments at `floats` as constants, per set of their values (see
+        specialize.py); past the variant limit, gm with them as inputs."""
+        variants = itertools.count()
+
+        def compile_variant(values):
+            return self._compile(with_constants(gm, values), f"{name}_f{next(variants)}", boxed=False, frozen=frozen), True
+
+        return Specializing(floats, compile_variant, lambda: self._compile(gm, name, boxed=False, frozen=frozen), name, "are graph inputs")
 
     def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool, specialize: bool = True, frozen: dict | None = None):
         """frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen)."""

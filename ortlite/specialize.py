@@ -9,6 +9,16 @@ variant whose nodes take them as literals, and every call compares its arguments
 values of the variant it runs, so no result is ever computed for values other than the
 ones its graph was built for. Past MAX_VARIANTS sets of values, calls with new values run
 the graph compiled without them (those nodes in torch), with one warning.
+
+Floats read from attributes (a norm's eps, an attention or rotary scale, math.pi): under
+dynamic=True Dynamo does not specialize floats, and passes each as a 0-d float64 tensor
+argument. As inputs they block ONNX Runtime's constant folding and fusions (an RMSNorm's
+eps must be a constant for SimplifiedLayerNormalization, gelu_new's pi for FastGelu) and
+cost casts per call: LLaMA ran 1.4x slower than with static shapes. Inference graphs are
+compiled per set of their values the same way (with_constants: each becomes a constant),
+each call comparing the tensors' values with the variant's; past MAX_VARIANTS, new values
+run the graph with them as inputs. Only attributes: a float the function takes as an
+argument is the caller's to vary, and stays an input.
 """
 
 from __future__ import annotations
@@ -68,7 +78,83 @@ def with_values(gm: torch.fx.GraphModule, nodes, values: dict[torch.fx.Node, obj
     return torch.fx.GraphModule(gm, graph)
 
 
+def attribute_floats(dynamo_gm: torch.fx.GraphModule, n_lifted: int, gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+    """The placeholders of gm, an aten graph of aot_autograd, holding floats Dynamo read from
+    an attribute (AttrSource: a module's eps, a Python module's math.pi) and passes as 0-d
+    tensors (dynamic=True: specialize_float off), with their positions. gm's arguments are
+    n_lifted lifted weights, then Dynamo's placeholders."""
+    from torch._dynamo.source import AttrSource
+
+    dynamo_placeholders = [n for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != n_lifted + len(dynamo_placeholders):
+        return {}
+    found = {}
+    for i, node in enumerate(dynamo_placeholders):
+        arg, val = node.meta.get("grapharg"), placeholders[n_lifted + i].meta.get("val")
+        if getattr(arg, "pass_arg_as_tensor", False) and isinstance(arg.source, AttrSource) and isinstance(val, torch.Tensor) and val.dim() == 0:
+            if any(u.op == "call_function" for u in placeholders[n_lifted + i].users):
+                found[placeholders[n_lifted + i]] = n_lifted + i
+    return found
+
+
+def with_constants(gm: torch.fx.GraphModule, values: dict[torch.fx.Node, object]) -> torch.fx.GraphModule:
+    """A copy of gm whose nodes take these 0-d tensor placeholders' values as constants
+    (aten.scalar_tensor, which lowers to an ONNX constant), with the 0-d computations on
+    them alone done now (dtype conversions, math.sqrt(2 / math.pi)): no float64 is left in
+    the graph, which would disable an ORT fusion and the C API path. The placeholders stay."""
+    graph = torch.fx.Graph()
+    remap: dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, remap))
+    for placeholder, value in values.items():
+        copied = remap[placeholder]
+        users = [u for u in copied.users if u.op == "call_function"]
+        if users:
+            constant = _scalar(graph, copied, value.item() if isinstance(value, torch.Tensor) else value)
+            for user in users:
+                user.replace_input_with(copied, constant)
+            _fold(graph, constant)
+    for node in list(graph.nodes):
+        if _is_constant(node) and not node.users:
+            graph.erase_node(node)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _scalar(graph: torch.fx.Graph, like: torch.fx.Node, number) -> torch.fx.Node:
+    """A 0-d constant with like's value meta (a 0-d tensor of its dtype), after it."""
+    with graph.inserting_after(like):
+        node = graph.call_function(torch.ops.aten.scalar_tensor.default, (number,), {"dtype": like.meta["val"].dtype})
+    node.meta["val"] = like.meta["val"]
+    return node
+
+
+def _is_constant(node: torch.fx.Node) -> bool:
+    return node.target is torch.ops.aten.scalar_tensor.default and type(node.args[0]) in (int, float, bool) and "device" not in node.kwargs
+
+
+def _fold(graph: torch.fx.Graph, constant: torch.fx.Node) -> None:
+    """Users of a constant whose inputs are all constants and whose value is 0-d become
+    constants, computed by torch's own kernel now (never a random op)."""
+    for user in list(constant.users):
+        val = user.meta.get("val")
+        op = user.target
+        if not (isinstance(op, torch._ops.OpOverload) and isinstance(val, torch.Tensor) and val.dim() == 0 and val.device.type == "cpu"):
+            continue
+        if op._schema.is_mutable or torch.Tag.nondeterministic_seeded in op.tags or not all(map(_is_constant, user.all_input_nodes)):
+            continue
+        real = torch.fx.node.map_arg((user.args, user.kwargs), lambda n: n.target(*n.args, **n.kwargs))
+        result = op(*real[0], **real[1])
+        if not (isinstance(result, torch.Tensor) and result.dim() == 0 and result.dtype == val.dtype):
+            continue
+        folded = _scalar(graph, user, result.item())
+        user.replace_all_uses_with(folded)
+        graph.erase_node(user)
+        _fold(graph, folded)
+
+
 def _key(value) -> tuple:
+    if type(value) is torch.Tensor:  # a float Dynamo passes as a 0-d tensor (attribute_floats)
+        value = value.item()
     # a float by its bits: -0.0 is not 0.0 here, and every NaN its own
     return (type(value), value.hex() if isinstance(value, float) else value)
 
@@ -78,8 +164,9 @@ class Specializing:
     its specialized arguments. compile_variant(values) -> (callable, whether the variant
     runs the nodes that needed the values); generic() -> the callable without them."""
 
-    def __init__(self, positions: dict[torch.fx.Node, int], compile_variant, generic, name: str):
+    def __init__(self, positions: dict[torch.fx.Node, int], compile_variant, generic, name: str, past_limit="run with the nodes that need them in torch"):
         self.positions = list(positions.items())
+        self.past_limit = past_limit
         self.compile_variant, self.generic, self.name = compile_variant, generic, name
         self.variants: dict[tuple, object] = {}
         self.limit = MAX_VARIANTS
@@ -101,7 +188,7 @@ class Specializing:
                 if self.limit == MAX_VARIANTS:
                     warn_once(
                         f"ortlite: graph {self.name} was compiled for {MAX_VARIANTS} sets of values of its arguments "
-                        f"{[p.name for p, _ in self.positions]}; other values run with the nodes that need them in torch"
+                        f"{[p.name for p, _ in self.positions]}; other values {self.past_limit}"
                     )
                 if self._generic is None:
                     self._generic = self.generic()

@@ -814,6 +814,80 @@ def test_a_variant_key_tells_minus_zero_and_bools_apart():
     assert _key(float("nan")) == _key(float("nan"))  # the same bits: the same graph serves
 
 
+class _ScaledRMSNorm(torch.nn.Module):
+    """An RMSNorm with its eps and an output scale as float attributes (as transformers'
+    LlamaRMSNorm keeps variance_epsilon), and gelu_new's math.pi."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(width) + 0.5)
+        self.eps, self.scale = 1e-6, 0.5
+
+    def forward(self, x):
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return torch.tanh(math.sqrt(2.0 / math.pi) * y) * self.scale
+
+
+def _compiled_over_values(tmp_path, values, sizes=(3, 5, 4, 7, 2, 6)):
+    """The module compiled with dynamic=True, called under no_grad with each (eps, scale)
+    and a new size each call; each result compared with eager's. Returns the backend."""
+    torch._dynamo.reset()
+    model = _ScaledRMSNorm()
+    backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for (eps, scale), n in zip(values, sizes):
+            model.eps, model.scale = eps, scale
+            x = torch.randn(n, n + 1, 8) * 1e-2
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-6, atol=1e-7, msg=lambda m: f"{eps, scale, n}: {m}")
+    return backend
+
+
+def test_float_attributes_are_constants_checked_every_call(tmp_path):
+    """dynamic=True passes a module's float attributes (and math.pi) as float64 0-d tensor
+    arguments: in inference graphs they become constants, a graph per set of their values,
+    each call compared; a changed attribute gives eager's result at once."""
+    import onnx
+
+    values = [(1e-6, 0.5), (1e-6, 0.5), (1e-3, 0.5), (1e-1, 2.0), (1e-6, 0.5), (1e-3, 0.5)]
+    backend = _compiled_over_values(tmp_path, values)
+    assert backend.stats.graphs == 3 and backend.stats.runs == len(values)  # one graph per (eps, scale) seen
+    for path in tmp_path.glob("*.onnx"):
+        model = onnx.load(str(path))
+        # the floats are constants of the model, converted to float32: the inputs are x and
+        # the weight (frozen into an initializer after the dump), no float64, no cast
+        inputs = [i.type.tensor_type.elem_type for i in model.graph.input]
+        assert inputs == [onnx.TensorProto.FLOAT] * 2, path.name
+        assert not [n for n in model.graph.node if n.op_type == "Cast"], path.name
+    assert sorted(p.name.split("_")[-1] for p in tmp_path.glob("*.onnx")) == ["f0.onnx", "f1.onnx", "f2.onnx"]
+
+
+def test_float_attributes_past_the_variant_limit_are_inputs(tmp_path, monkeypatch, caplog):
+    from ortlite import specialize
+
+    monkeypatch.setattr(specialize, "MAX_VARIANTS", 2)
+    values = [(1e-6, 0.5), (1e-6, 0.25), (1e-6, 0.125), (1e-6, 0.5), (1e-6, 4.0), (1e-6, 0.25)]
+    with caplog.at_level("WARNING", logger="ortlite"):
+        backend = _compiled_over_values(tmp_path, values)
+    assert backend.stats.graphs == 3  # two variants, then the graph with the floats as inputs
+    assert sum("compiled for 2 sets of values" in r.getMessage() and "graph inputs" in r.getMessage() for r in caplog.records) == 1
+    generic = [p for p in tmp_path.glob("*.onnx") if "_f" not in p.name]
+    assert len(generic) == 1
+
+
+def test_float_arguments_stay_inputs():
+    """A float the function takes as an argument is the caller's to vary: one graph."""
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    fn = lambda x, alpha: torch.tanh(x * alpha)  # noqa: E731
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for n, alpha in ((3, 0.5), (4, 1.5), (5, 2.5), (6, -1.0)):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x, alpha), fn(x, alpha))
+    assert backend.stats.graphs == 1
+
+
 def test_sizes_are_not_specialized():
     """A node left to torch that takes a tensor's size does not make a graph per size."""
     torch._dynamo.reset()
