@@ -596,13 +596,15 @@ def own_code(model, extra):
     return types.FunctionType(code, call.__globals__, name, None, call.__closure__)
 
 
-def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None, dynamic=None) -> dict:
+def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None, dynamic=None, clock=time.perf_counter) -> dict:
     """Median ms per call at the zoo model's first shape: eager, ortlite static (dynamic=False),
     ortlite dynamic (dynamic=True, warmed up at another shape first) and ortlite auto (Dynamo's
     default: called at another shape first, so the first shape recompiles with symbolic
     sizes, and that graph is timed); interleaved rounds.
     `dynamic`: the model already compiled with dynamic=True (run_model(name, True, model,
-    keep=True)["compiled"]), saving a compile; the static candidate has a code object of its own."""
+    keep=True)["compiled"]), saving a compile; the static candidate has a code object of its own.
+    clock: time.thread_time counts this thread's CPU time only (ONNX Runtime runs on the
+    calling thread at one thread), steadier than wall time on a machine shared with other jobs."""
     spec = ZOO[name]
     model = model if model is not None else build(name)
     kwargs = spec.inputs(spec.shapes[0], seed=7)
@@ -628,10 +630,10 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
         samples = {k: [] for k in candidates}
         for _ in range(rounds):
             for k, fn in candidates.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(iters):
                     fn(kwargs)
-                samples[k].append((time.perf_counter() - t0) / iters * 1e3)
+                samples[k].append((clock() - t0) / iters * 1e3)
     torch._dynamo.reset()
     ms = {k: statistics.median(v) for k, v in samples.items()}
     return {"eager_ms": ms["eager"], "static_ms": ms["static"], "dynamic_ms": ms["dynamic"], "auto_ms": ms["auto"], "iters": iters, "rounds": rounds,
@@ -817,6 +819,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}; no timing")
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--cpu-time", action="store_true", help="time with this thread's CPU time (time.thread_time), not wall time: steadier on a shared machine")
     parser.add_argument("--out", help="markdown file (default bench/results/zoo.md for a full run, none otherwise)")
     parser.add_argument("--json", help="also write every result (run_model's dicts, timings) to this file")
     parser.add_argument("--list", action="store_true", help="list the zoo and exit")
@@ -860,7 +863,8 @@ def main(argv=None):
         results[name] = (auto, dyn)
         if timed:
             try:
-                timings[name] = time_model(name, args.rounds, model=model, dynamic=compiled)
+                clock = time.thread_time if args.cpu_time else time.perf_counter
+                timings[name] = time_model(name, args.rounds, model=model, dynamic=compiled, clock=clock)
             except Exception:
                 timings[name] = {"error": traceback.format_exc()}
             del compiled
