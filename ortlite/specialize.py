@@ -12,13 +12,14 @@ the graph compiled without them (those nodes in torch), with one warning.
 
 Floats read from attributes (a norm's eps, an attention or rotary scale, math.pi): under
 dynamic=True Dynamo does not specialize floats, and passes each as a 0-d float64 tensor
-argument. As inputs they block ONNX Runtime's constant folding and fusions (an RMSNorm's
-eps must be a constant for SimplifiedLayerNormalization, gelu_new's pi for FastGelu) and
-cost casts per call: LLaMA ran 1.4x slower than with static shapes. Inference graphs are
-compiled per set of their values the same way (with_constants: each becomes a constant),
-each call comparing the tensors' values with the variant's; past MAX_VARIANTS, new values
-run the graph with them as inputs. Only attributes: a float the function takes as an
-argument is the caller's to vary, and stays an input.
+argument. As inputs they leave float64 in the graph (so ORT's MatMulScaleFusion is disabled
+for exactness, and the session goes through the pybind module, not the C API) and block
+fusions that need a constant (GPT-2's gelu_new with pi as an input is not a FastGelu).
+Inference graphs are compiled per set of their values the same way (with_constants: each
+becomes a constant, and what is computed from constants alone is computed now), each call
+comparing the tensors' values with the variant's; past MAX_VARIANTS, new values run the
+graph with them as inputs. Only attributes: a float the function takes as an argument is
+the caller's to vary, and stays an input. (Dynamo still makes the tensors every call.)
 """
 
 from __future__ import annotations
@@ -143,7 +144,10 @@ def _fold(graph: torch.fx.Graph, constant: torch.fx.Node) -> None:
         if op._schema.is_mutable or torch.Tag.nondeterministic_seeded in op.tags or not all(map(_is_constant, user.all_input_nodes)):
             continue
         real = torch.fx.node.map_arg((user.args, user.kwargs), lambda n: n.target(*n.args, **n.kwargs))
-        result = op(*real[0], **real[1])
+        try:
+            result = op(*real[0], **real[1])
+        except Exception:  # left to the graph, which computes it as before
+            continue
         if not (isinstance(result, torch.Tensor) and result.dim() == 0 and result.dtype == val.dtype):
             continue
         folded = _scalar(graph, user, result.item())

@@ -812,6 +812,8 @@ def test_a_variant_key_tells_minus_zero_and_bools_apart():
 
     assert _key(0.0) != _key(-0.0) and _key(1) != _key(True) and _key(1) != _key(1.0)
     assert _key(float("nan")) == _key(float("nan"))  # the same bits: the same graph serves
+    f64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731  (a float Dynamo passes as a tensor)
+    assert _key(f64(0.0)) != _key(f64(-0.0)) and _key(f64(0.5)) == _key(0.5)
 
 
 class _ScaledRMSNorm(torch.nn.Module):
