@@ -35,7 +35,7 @@ from .partition import (
 )
 from .runner import runner_for
 from .session import SessionCache
-from .specialize import Specializing, attribute_floats, scalar_arguments, with_constants, with_values
+from .specialize import MAX_FLOAT_VARIANTS, Specializing, attribute_floats, scalar_arguments, with_constants, with_values
 
 _graph_ids = itertools.count()
 
@@ -180,7 +180,7 @@ class Backend:
         def compile_variant(values):
             return self._compile(with_constants(gm, values), f"{name}_f{next(variants)}", boxed=False, frozen=frozen), True
 
-        return Specializing(floats, compile_variant, lambda: self._compile(gm, name, boxed=False, frozen=frozen), name, "are graph inputs")
+        return Specializing(floats, compile_variant, lambda: self._compile(gm, name, boxed=False, frozen=frozen), name, "are graph inputs", MAX_FLOAT_VARIANTS)
 
     def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool, specialize: bool = True, frozen: dict | None = None):
         """frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen)."""

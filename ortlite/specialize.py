@@ -17,7 +17,8 @@ for exactness, and the session goes through the pybind module, not the C API) an
 fusions that need a constant (GPT-2's gelu_new with pi as an input is not a FastGelu).
 Inference graphs are compiled per set of their values the same way (with_constants: each
 becomes a constant, and what is computed from constants alone is computed now), each call
-comparing the tensors' values with the variant's; past MAX_VARIANTS, new values run the
+comparing the tensors' values with the variant's; past MAX_FLOAT_VARIANTS (each variant
+holds its own copy of the frozen weights), new values run the
 graph with them as inputs. Only attributes: a float the function takes as an argument is
 the caller's to vary, and stays an input. (Dynamo still makes the tensors every call.)
 """
@@ -32,6 +33,8 @@ import torch.fx
 from .logs import warn_once
 
 MAX_VARIANTS = 8
+# each float variant of an inference graph is a session with its own copy of the frozen weights
+MAX_FLOAT_VARIANTS = 3
 _SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
@@ -168,12 +171,13 @@ class Specializing:
     its specialized arguments. compile_variant(values) -> (callable, whether the variant
     runs the nodes that needed the values); generic() -> the callable without them."""
 
-    def __init__(self, positions: dict[torch.fx.Node, int], compile_variant, generic, name: str, past_limit="run with the nodes that need them in torch"):
+    def __init__(self, positions: dict[torch.fx.Node, int], compile_variant, generic, name: str, past_limit="run with the nodes that need them in torch", limit: int | None = None):
         self.positions = list(positions.items())
         self.past_limit = past_limit
         self.compile_variant, self.generic, self.name = compile_variant, generic, name
         self.variants: dict[tuple, object] = {}
-        self.limit = MAX_VARIANTS
+        self.max_variants = MAX_VARIANTS if limit is None else limit
+        self.limit = self.max_variants
         self._generic = None
         self._lock = threading.Lock()
 
@@ -189,9 +193,9 @@ class Specializing:
             if key in self.variants:
                 return self.variants[key]
             if len(self.variants) >= self.limit:
-                if self.limit == MAX_VARIANTS:
+                if self.limit == self.max_variants:
                     warn_once(
-                        f"ortlite: graph {self.name} was compiled for {MAX_VARIANTS} sets of values of its arguments "
+                        f"ortlite: graph {self.name} was compiled for {self.max_variants} sets of values of its arguments "
                         f"{[p.name for p, _ in self.positions]}; other values {self.past_limit}"
                     )
                 if self._generic is None:

@@ -865,9 +865,9 @@ def test_float_attributes_are_constants_checked_every_call(tmp_path):
 
 
 def test_float_attributes_past_the_variant_limit_are_inputs(tmp_path, monkeypatch, caplog):
-    from ortlite import specialize
+    from ortlite import dynamo_backend
 
-    monkeypatch.setattr(specialize, "MAX_VARIANTS", 2)
+    monkeypatch.setattr(dynamo_backend, "MAX_FLOAT_VARIANTS", 2)
     values = [(1e-6, 0.5), (1e-6, 0.25), (1e-6, 0.125), (1e-6, 0.5), (1e-6, 4.0), (1e-6, 0.25)]
     with caplog.at_level("WARNING", logger="ortlite"):
         backend = _compiled_over_values(tmp_path, values)
