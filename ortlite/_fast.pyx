@@ -15,7 +15,7 @@ import weakref
 
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_REFCNT
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcmp, memcpy
 from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
@@ -393,6 +393,7 @@ cdef extern from "Python.h":
     ctypedef struct PyMethodDescrObject:
         PyMethodDef* d_method
     PyObject* PyWeakref_GetObject(object ref) except NULL
+    object PyObject_GenericGetDict(object o, void* context)
     int METH_NOARGS
 
 
@@ -422,20 +423,127 @@ cdef inline bint _has_weakrefs(object o):
     return (<PyObject**>((<char*><PyObject*>o) + offset))[0] != NULL
 
 
+cdef PyGetSetDef* _requires_grad_def = NULL
+_requires_grad_descr = torch._C.TensorBase.__dict__.get("requires_grad")
+if _direct and type(_requires_grad_descr) is types.GetSetDescriptorType:
+    _requires_grad_def = (<PyGetSetDescrObject*>_requires_grad_descr).d_getset
+
+
+# Reference counts read straight from torch's C++ objects, for the recycling check below: the
+# TensorImpl a tensor object wraps (THPVariable.cdata), its StorageImpl (TensorImpl.storage_),
+# and the combined count of each (c10::intrusive_ptr_target's word after the vtable pointer:
+# the use count in its low 32 bits, and its top bit set once a Python object wraps the target;
+# a Python storage object, once made, stays as long as the tensor: someone may hold it). The
+# offsets are found and checked at import against torch's own accessors (t._cdata,
+# untyped_storage()._cdata, _use_count, _storage_Use_Count); where anything disagrees
+# (another torch), _raw_counts stays False and the check calls those accessors instead.
+cdef Py_ssize_t _IMPL_OFFSET = -1     # of the TensorImpl* in a tensor object
+cdef Py_ssize_t _STORAGE_OFFSET = -1  # of the StorageImpl* in a TensorImpl
+cdef bint _raw_counts = False
+cdef uint64_t _HAS_PYOBJECT = (<uint64_t>1) << 63
+
+
+cdef inline void* _impl_of(object t) noexcept:
+    return (<void**>((<char*><PyObject*>t) + _IMPL_OFFSET))[0]
+
+
+cdef inline uint64_t _counts_at(void* target) noexcept:
+    return (<uint64_t*>((<char*>target) + sizeof(void*)))[0]
+
+
+cdef inline void* _storage_impl_of(void* impl) noexcept:
+    return (<void**>((<char*>impl) + _STORAGE_OFFSET))[0]
+
+
+cdef inline bint _sole_user(void* target) noexcept:
+    """One use of target and no Python object wrapping it (a storage's)."""
+    return (_counts_at(target) & (_HAS_PYOBJECT | 0xFFFFFFFF)) == 1
+
+
+cdef Py_ssize_t _find_word(void* base, uintptr_t value, Py_ssize_t start, Py_ssize_t limit):
+    cdef Py_ssize_t off
+    for off in range(start, limit, sizeof(void*)):
+        if (<uintptr_t*>((<char*>base) + off))[0] == value:
+            return off
+    return -1
+
+
+def _fresh_tensors():
+    return [torch.empty(3), torch.zeros(2, 5, dtype=torch.int64), torch.empty(0), torch.nn.Parameter(torch.ones(4)).detach(), torch.ones(6) + 1]
+
+
+def _find_raw_layout():
+    """Find and check the offsets _unobservable reads (see above): True, or what failed."""
+    global _IMPL_OFFSET, _STORAGE_OFFSET
+    from torch.utils.dlpack import to_dlpack
+    found = _fresh_tensors()
+    offsets = {_find_word(<void*><PyObject*>t, <uintptr_t>t._cdata, sizeof(PyObject), 64) for t in found}
+    if len(offsets) != 1 or -1 in offsets:
+        return "tensor object layout"
+    _IMPL_OFFSET = offsets.pop()
+    offsets = {_find_word(_impl_of(t), <uintptr_t>t.untyped_storage()._cdata, sizeof(void*), 512) for t in found}
+    if len(offsets) != 1 or -1 in offsets:
+        return "TensorImpl layout"
+    _STORAGE_OFFSET = offsets.pop()
+    for t in _fresh_tensors():  # none has had a Python storage object
+        impl = _impl_of(t)
+        if <uintptr_t>impl != <uintptr_t>t._cdata or (_counts_at(impl) & 0xFFFFFFFF) != t._use_count() or t._use_count() != 1:
+            return "tensor use count"
+        held = to_dlpack(t)  # a C++ reference to the TensorImpl
+        if (_counts_at(impl) & 0xFFFFFFFF) != 2 or t._use_count() != 2:
+            return "tensor use count with a C++ reference"
+        del held
+        storage = _storage_impl_of(impl)
+        if not _sole_user(storage) or _storage_use_count(<uintptr_t>storage) != 1:
+            return "storage use count"
+        view = t.view(t.shape)  # another TensorImpl on the same storage
+        if _sole_user(storage) or (_counts_at(storage) & 0xFFFFFFFF) != 2 or _storage_use_count(<uintptr_t>storage) != 2:
+            return "storage use count with a view"
+        del view
+        if not _sole_user(storage):
+            return "storage use count after a view"
+        python_storage = t.untyped_storage()
+        if python_storage._cdata != <uintptr_t>storage or _sole_user(storage):
+            return "storage with a Python object"
+    return True
+
+
+RAW_LAYOUT = None  # True, or why the recycling check calls torch's accessors
+try:
+    RAW_LAYOUT = _find_raw_layout()
+except Exception as e:
+    RAW_LAYOUT = repr(e)
+_raw_counts = RAW_LAYOUT is True
+
+
+def raw_counts():
+    """Whether the recycling check reads reference counts from torch's objects directly."""
+    return _raw_counts
+
+
 cdef inline bint _unobservable(object t, uintptr_t ptr):
     """True when nothing but the binding can reach tensor t or its memory: no other Python
     reference, no C++ reference (autograd, views, DLPack), no other user of its storage,
     no weak reference, no attributes, unchanged memory. Refilling it is then invisible."""
-    return (
+    cdef void* impl
+    if not (
         Py_REFCNT(t) == 2  # the binding's list and this function's argument
         and type(t) is Tensor
         and not _has_weakrefs(t)
-        and t._use_count() == 1
-        and not t.requires_grad
-        and <uintptr_t>_data_ptr_of(t) == ptr
-        and _storage_use_count(t.untyped_storage()._cdata) == _SOLE_STORAGE_COUNT
-        and not t.__dict__
-    )
+    ):
+        return False
+    if _raw_counts:
+        impl = _impl_of(t)
+        if (_counts_at(impl) & 0xFFFFFFFF) != 1 or not _sole_user(_storage_impl_of(impl)):
+            return False
+    elif t._use_count() != 1 or _storage_use_count(t.untyped_storage()._cdata) != _SOLE_STORAGE_COUNT:
+        return False
+    if _requires_grad_def != NULL:
+        if _requires_grad_def.get(t, _requires_grad_def.closure):
+            return False
+    elif t.requires_grad:
+        return False
+    return <uintptr_t>_data_ptr_of(t) == ptr and not PyObject_GenericGetDict(t, NULL)
 
 
 cdef class Runner:
