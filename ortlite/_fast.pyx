@@ -325,12 +325,12 @@ cdef class _Binding:
     cdef OrtValue** out_values   # per ONNX output
     cdef int64_t* scalars        # per argument: the memory of a Python number's 0-d value
     cdef Py_ssize_t n_in, n_out
-    cdef list bound_ptrs
+    cdef uintptr_t* bound_ptrs   # per argument: the data pointer bound (0: none yet)
     cdef list bound_shapes
     cdef list scalar_buffers     # 0-d tensors, bound once, written in place per call
     cdef list scalar_ptrs
     cdef list outputs            # the output tensors bound last (kept only when recycling)
-    cdef list bound_out_ptrs
+    cdef uintptr_t* bound_out_ptrs  # per ONNX output: the data pointer bound (recycling)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -343,6 +343,8 @@ cdef class _Binding:
         free(self.in_values)
         free(self.out_values)
         free(self.scalars)
+        free(self.bound_ptrs)
+        free(self.bound_out_ptrs)
 
     cdef int set_input(self, Py_ssize_t i, uintptr_t ptr, shape, int elem_type, Py_ssize_t itemsize) except -1:
         cdef OrtValue* value = _wrap(_cpu_info, ptr, shape, elem_type, itemsize)
@@ -557,6 +559,8 @@ cdef class Runner:
     cdef dict by_stream         # stream key -> (session, binding pool)
     cdef Py_ssize_t n_args
     cdef list kinds
+    cdef int* c_kinds           # kinds, per argument, as a C array
+    cdef char* c_static         # in_static, likewise
     cdef list in_names
     cdef list in_dtypes
     cdef list in_elem_types
@@ -579,6 +583,7 @@ cdef class Runner:
     cdef bint returns_tuple     # False: return the single result bare (fused FX submodules)
     cdef list pool
     cdef object guard           # checks all tensor arguments at once (torch's TensorGuards)
+    cdef object guard_check     # its bound check method
     cdef object guard_factory   # builds the guard from the first arguments that pass validation
     cdef list tensor_indices    # the guard checks these arguments
     cdef bint all_tensors
@@ -591,8 +596,8 @@ cdef class Runner:
     cdef public long runs
     cdef list frozen_indices    # arguments that are initializers of the session; None: none are
     cdef list frozen_refs       # weak references to the tensors the session was built from
-    cdef list frozen_ptrs       # their data pointers and version counters then
-    cdef list frozen_versions
+    cdef uintptr_t* frozen_ptrs  # their data pointers and version counters then
+    cdef int64_t* frozen_versions
     cdef list frozen_contents   # bytes of a buffer's contents then (None for a parameter)
     cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or unfreezes
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
@@ -646,6 +651,13 @@ cdef class Runner:
         self.in_device_index = [i[5] for i in inputs]
         self.in_shapes = [tuple(i[6]) if i[6] is not None else None for i in inputs]
         self.in_static = [i[6] is not None and -1 not in i[6] for i in inputs]
+        self.c_kinds = <int*>calloc(self.n_args + 1, sizeof(int))
+        self.c_static = <char*>calloc(self.n_args + 1, sizeof(char))
+        if self.c_kinds == NULL or self.c_static == NULL:
+            raise MemoryError()
+        for k in range(self.n_args):
+            self.c_kinds[k] = self.kinds[k]
+            self.c_static[k] = self.in_static[k]
         self.out_names = [o[0] for o in outputs]
         self.out_elem_types = [o[1] for o in outputs]
         self.out_ort_devices = [o[2] for o in outputs]
@@ -706,6 +718,10 @@ cdef class Runner:
             self.c_out_names[i] = <const char*>self.c_names[self.n_args + i]
 
     def __dealloc__(self):
+        free(self.c_kinds)
+        free(self.c_static)
+        free(self.frozen_ptrs)
+        free(self.frozen_versions)
         free(self.feed_pos)
         free(self.c_in_names)
         free(self.c_out_names)
@@ -716,12 +732,14 @@ cdef class Runner:
         cdef bint c = type(self.sess) is CSession
         b.sess = self.sess
         b.pool = self.pool
-        b.bound_ptrs = [None] * self.n_args
+        b.bound_ptrs = <uintptr_t*>calloc(self.n_args + 1, sizeof(uintptr_t))
+        b.bound_out_ptrs = <uintptr_t*>calloc(len(self.out_names) + 1, sizeof(uintptr_t))
+        if b.bound_ptrs == NULL or b.bound_out_ptrs == NULL:
+            raise MemoryError()
         b.bound_shapes = [None] * self.n_args
         b.scalar_buffers = [None] * self.n_args
         b.scalar_ptrs = [0] * self.n_args
         b.outputs = [None] * len(self.out_names)
-        b.bound_out_ptrs = [0] * len(self.out_names)
         if c:
             b.n_in, b.n_out = self.n_fed, len(self.out_names)
             b.in_values = <OrtValue**>calloc(b.n_in + 1, sizeof(OrtValue*))
@@ -768,7 +786,7 @@ cdef class Runner:
         b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
         failed = None
         try:
-            if self.guard is not None and self.guard.check(*self._tensor_args(args)):
+            if self.guard_check is not None and self.guard_check(*self._tensor_args(args)):
                 keep_alive = self._bind_guarded(b, args)
             else:
                 keep_alive = self._bind_validated(b, args)
@@ -841,10 +859,10 @@ cdef class Runner:
                 version = _version_of(a)
             except RuntimeError:  # an inference tensor now (e.g. `.data =` one): no counter
                 return True
-            if <int64_t>version != <int64_t>self.frozen_versions[k]:
+            if <int64_t>version != self.frozen_versions[k]:
                 return True
             ptr = _data_ptr_of(a)
-            if ptr != <uintptr_t>self.frozen_ptrs[k]:
+            if ptr != self.frozen_ptrs[k]:
                 return True
             contents = self.frozen_contents[k]
             if contents is not None and memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
@@ -860,8 +878,19 @@ cdef class Runner:
         session (built from them) from now on. contents: per tensor, the bytes to compare
         its memory with per call (CPU buffers), or None."""
         self.frozen_refs = [weakref.ref(t, self._weight_died) for t in tensors]
-        self.frozen_ptrs = [t.data_ptr() for t in tensors]
-        self.frozen_versions = [t._version for t in tensors]
+        cdef Py_ssize_t k, n = len(tensors)
+        cdef uintptr_t* ptrs = <uintptr_t*>calloc(n + 1, sizeof(uintptr_t))
+        cdef int64_t* versions = <int64_t*>calloc(n + 1, sizeof(int64_t))
+        if ptrs == NULL or versions == NULL:
+            free(ptrs)
+            free(versions)
+            raise MemoryError()
+        for k in range(n):
+            ptrs[k] = tensors[k].data_ptr()
+            versions[k] = tensors[k]._version
+        free(self.frozen_ptrs)
+        free(self.frozen_versions)
+        self.frozen_ptrs, self.frozen_versions = ptrs, versions
         self.frozen_contents = contents if contents is not None else [None] * len(tensors)
         self.frozen_indices = list(indices)
         if sess is not None:
@@ -955,6 +984,7 @@ cdef class Runner:
         cdef Py_ssize_t i
         cdef bint static
         cdef list outs = []
+        cdef uintptr_t ptr
         for i in range(len(self.out_names)):
             shape = self.out_shapes[i]
             static = shape is not None
@@ -975,7 +1005,9 @@ cdef class Runner:
                     outs.append(last)
                     continue
             out = empty_like(self.out_templates[i]) if static else self.out_templates[i].new_empty(shape)
-            ptr = _data_ptr_of(out) or self.scratch_ptr
+            ptr = _data_ptr_of(out)
+            if ptr == 0:
+                ptr = self.scratch_ptr
             if b.iob is None:
                 b.set_output(i, ptr, shape, self.out_elem_types[i], self.out_itemsizes[i])
             else:
@@ -991,20 +1023,26 @@ cdef class Runner:
         tensor argument in one C++ call: only pointers (and dynamic sizes) remain to bind."""
         cdef Py_ssize_t i
         cdef int kind
+        cdef uintptr_t ptr
         for i in range(self.n_args):
-            kind = self.kinds[i]
+            kind = self.c_kinds[i]
             a = args[i]
             if kind != K_TENSOR:
-                self._write_scalar(b, i, kind, a)
-            elif self.in_static[i]:
-                ptr = _data_ptr_of(a) or self.scratch_ptr
+                if kind != K_FROZEN and kind != K_UNUSED:
+                    self._write_scalar(b, i, kind, a)
+            elif self.c_static[i]:
+                ptr = _data_ptr_of(a)
+                if ptr == 0:
+                    ptr = self.scratch_ptr
                 if ptr != b.bound_ptrs[i]:
                     self._bind_input(b, i, self.in_shapes[i], ptr)
             else:
                 if not a.is_contiguous():  # dynamic dims: the guard does not check strides
                     return self._bind_validated(b, args)
                 shape = a.shape
-                ptr = _data_ptr_of(a) or self.scratch_ptr
+                ptr = _data_ptr_of(a)
+                if ptr == 0:
+                    ptr = self.scratch_ptr
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
         return None
@@ -1024,7 +1062,7 @@ cdef class Runner:
             return args
         return tuple([args[i] for i in self.tensor_indices])
 
-    cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, ptr):
+    cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, uintptr_t ptr):
         if b.iob is None:
             b.set_input(self.feed_pos[i], ptr, shape, self.in_elem_types[i], self.in_itemsizes[i])
         else:
@@ -1039,6 +1077,7 @@ cdef class Runner:
         cdef int kind
         cdef uintptr_t p
         cdef bint copied = False
+        cdef uintptr_t ptr
         keep_alive = []
         for i in range(self.n_args):
             kind = self.kinds[i]
@@ -1055,7 +1094,9 @@ cdef class Runner:
                 if not a.is_contiguous():
                     a = a.contiguous()
                     keep_alive.append(a)
-                ptr = _data_ptr_of(a) or self.scratch_ptr
+                ptr = _data_ptr_of(a)
+                if ptr == 0:
+                    ptr = self.scratch_ptr
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
             else:
@@ -1063,6 +1104,7 @@ cdef class Runner:
         if self.guard is None and self.guard_factory is not None and not keep_alive:
             # Tensors like these pass the guard from now on: one C++ check for all.
             self.guard = self.guard_factory(self._tensor_args(args))
+            self.guard_check = self.guard.check if self.guard is not None else None
             self.guard_factory = None
         return keep_alive
 
