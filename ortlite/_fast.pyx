@@ -9,6 +9,7 @@ through the pybind module's IOBinding. Either way a call takes a _Binding from a
 (one per concurrent caller) holding what it last bound, so only what changed is rewrapped.
 """
 
+import math
 import os
 import types
 import weakref
@@ -442,6 +443,9 @@ if _direct and type(_requires_grad_descr) is types.GetSetDescriptorType:
 cdef Py_ssize_t _IMPL_OFFSET = -1     # of the TensorImpl* in a tensor object
 cdef Py_ssize_t _STORAGE_OFFSET = -1  # of the StorageImpl* in a TensorImpl
 cdef bint _raw_counts = False
+cdef Py_ssize_t _DATA_OFFSET = -1            # of the data pointer in a StorageImpl (its DataPtr)
+cdef Py_ssize_t _STORAGE_OFFSET_OFFSET = -1  # of storage_offset_ (elements) in a TensorImpl
+cdef bint _raw_data = False
 cdef uint64_t _HAS_PYOBJECT = (<uint64_t>1) << 63
 
 
@@ -468,6 +472,41 @@ cdef Py_ssize_t _find_word(void* base, uintptr_t value, Py_ssize_t start, Py_ssi
         if (<uintptr_t*>((<char*>base) + off))[0] == value:
             return off
     return -1
+
+
+cdef inline uintptr_t _raw_data_ptr(object t, Py_ssize_t itemsize) noexcept:
+    """t.data_ptr() of a dense tensor with elements, read from its TensorImpl and StorageImpl."""
+    cdef void* impl = _impl_of(t)
+    return ((<uintptr_t*>((<char*>_storage_impl_of(impl)) + _DATA_OFFSET))[0]
+            + <uintptr_t>((<int64_t*>((<char*>impl) + _STORAGE_OFFSET_OFFSET))[0] * itemsize))
+
+
+cdef set _offsets_of(void* base, uintptr_t value, Py_ssize_t limit):
+    cdef Py_ssize_t off
+    return {off for off in range(0, limit, sizeof(void*)) if (<uintptr_t*>((<char*>base) + off))[0] == value}
+
+
+def _find_data_layout():
+    """Find and check the offsets _raw_data_ptr reads: True, or what failed."""
+    global _DATA_OFFSET, _STORAGE_OFFSET_OFFSET
+    import numpy
+    base = torch.arange(200, dtype=torch.float64)
+    samples = [base[7:], base[13:50], torch.from_numpy(numpy.arange(9, dtype=numpy.int32))[5:], torch.ones(3, 4, dtype=torch.int64)[1:],
+               torch.empty(64, dtype=torch.uint8)[33:], torch.zeros(5, dtype=torch.bool)[2:], torch.randn(4, 4).t()[1:]]
+    data, offsets = None, None
+    for t in samples:
+        storage = t.untyped_storage()
+        found = _offsets_of(<void*><uintptr_t>storage._cdata, storage.data_ptr(), 128)
+        data = found if data is None else data & found
+        found = _offsets_of(_impl_of(t), t.storage_offset(), 512)
+        offsets = found if offsets is None else offsets & found
+    if len(data) != 1 or len(offsets) != 1:
+        return "storage data pointer or offset layout"
+    _DATA_OFFSET, _STORAGE_OFFSET_OFFSET = data.pop(), offsets.pop()
+    for t in samples + _fresh_tensors():
+        if t.numel() and _raw_data_ptr(t, t.element_size()) != t.data_ptr():
+            return "data pointer"
+    return True
 
 
 def _fresh_tensors():
@@ -516,6 +555,13 @@ try:
 except Exception as e:
     RAW_LAYOUT = repr(e)
 _raw_counts = RAW_LAYOUT is True
+RAW_DATA_LAYOUT = None  # True, or why data pointers are read through torch's accessor
+if _raw_counts:
+    try:
+        RAW_DATA_LAYOUT = _find_data_layout()
+    except Exception as e:
+        RAW_DATA_LAYOUT = repr(e)
+_raw_data = RAW_DATA_LAYOUT is True
 
 
 def raw_counts():
@@ -523,10 +569,12 @@ def raw_counts():
     return _raw_counts
 
 
-cdef inline bint _unobservable(object t, uintptr_t ptr):
+cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize):
     """True when nothing but the binding can reach tensor t or its memory: no other Python
     reference, no C++ reference (autograd, views, DLPack), no other user of its storage,
-    no weak reference, no attributes, unchanged memory. Refilling it is then invisible."""
+    no weak reference, no attributes, unchanged memory. Refilling it is then invisible.
+    raw_itemsize: t's element size when it has elements and _raw_data holds (its data
+    pointer is then read from torch's objects), else 0."""
     cdef void* impl
     if not (
         Py_REFCNT(t) == 2  # the binding's list and this function's argument
@@ -545,7 +593,12 @@ cdef inline bint _unobservable(object t, uintptr_t ptr):
             return False
     elif t.requires_grad:
         return False
-    return <uintptr_t>_data_ptr_of(t) == ptr and not PyObject_GenericGetDict(t, NULL)
+    if raw_itemsize:
+        if _raw_data_ptr(t, raw_itemsize) != ptr:
+            return False
+    elif <uintptr_t>_data_ptr_of(t) != ptr:
+        return False
+    return not PyObject_GenericGetDict(t, NULL)
 
 
 cdef class Runner:
@@ -561,6 +614,9 @@ cdef class Runner:
     cdef list kinds
     cdef int* c_kinds           # kinds, per argument, as a C array
     cdef char* c_static         # in_static, likewise
+    cdef Py_ssize_t* c_in_raw   # per argument: its element size where its data pointer can be read
+                                # directly (_raw_data; a static tensor with elements), else 0
+    cdef Py_ssize_t* c_out_raw  # per ONNX output: likewise
     cdef list in_names
     cdef list in_dtypes
     cdef list in_elem_types
@@ -653,16 +709,23 @@ cdef class Runner:
         self.in_static = [i[6] is not None and -1 not in i[6] for i in inputs]
         self.c_kinds = <int*>calloc(self.n_args + 1, sizeof(int))
         self.c_static = <char*>calloc(self.n_args + 1, sizeof(char))
-        if self.c_kinds == NULL or self.c_static == NULL:
+        self.c_in_raw = <Py_ssize_t*>calloc(self.n_args + 1, sizeof(Py_ssize_t))
+        self.c_out_raw = <Py_ssize_t*>calloc(len(outputs) + 1, sizeof(Py_ssize_t))
+        if self.c_kinds == NULL or self.c_static == NULL or self.c_in_raw == NULL or self.c_out_raw == NULL:
             raise MemoryError()
         for k in range(self.n_args):
             self.c_kinds[k] = self.kinds[k]
             self.c_static[k] = self.in_static[k]
+            if _raw_data and self.kinds[k] == K_TENSOR and self.in_static[k] and math.prod(self.in_shapes[k]) > 0:
+                self.c_in_raw[k] = self.in_dtypes[k].itemsize
         self.out_names = [o[0] for o in outputs]
         self.out_elem_types = [o[1] for o in outputs]
         self.out_ort_devices = [o[2] for o in outputs]
         self.out_templates = [o[3] for o in outputs]
         self.out_shapes = [tuple(o[4]) if o[4] is not None else None for o in outputs]
+        for k in range(len(outputs)):
+            if _raw_data and self.out_shapes[k] is not None and math.prod(self.out_shapes[k]) > 0:
+                self.c_out_raw[k] = self.out_templates[k].element_size()
         self.plan_source = [p[0] for p in plan]
         self.plan_index = [p[1] for p in plan]
         self.plan_value = [p[2] for p in plan]
@@ -720,6 +783,8 @@ cdef class Runner:
     def __dealloc__(self):
         free(self.c_kinds)
         free(self.c_static)
+        free(self.c_in_raw)
+        free(self.c_out_raw)
         free(self.frozen_ptrs)
         free(self.frozen_versions)
         free(self.feed_pos)
@@ -1001,13 +1066,16 @@ cdef class Runner:
                 last = b.outputs[i]
                 if (last is not None
                         and (static or (last.shape == shape and last.nbytes <= self.recycle_max_bytes))
-                        and _unobservable(last, b.bound_out_ptrs[i])):
+                        and _unobservable(last, b.bound_out_ptrs[i], self.c_out_raw[i] if static else 0)):
                     outs.append(last)
                     continue
             out = empty_like(self.out_templates[i]) if static else self.out_templates[i].new_empty(shape)
-            ptr = _data_ptr_of(out)
-            if ptr == 0:
-                ptr = self.scratch_ptr
+            if static and self.c_out_raw[i]:
+                ptr = _raw_data_ptr(out, self.c_out_raw[i])
+            else:
+                ptr = _data_ptr_of(out)
+                if ptr == 0:
+                    ptr = self.scratch_ptr
             if b.iob is None:
                 b.set_output(i, ptr, shape, self.out_elem_types[i], self.out_itemsizes[i])
             else:
@@ -1031,9 +1099,12 @@ cdef class Runner:
                 if kind != K_FROZEN and kind != K_UNUSED:
                     self._write_scalar(b, i, kind, a)
             elif self.c_static[i]:
-                ptr = _data_ptr_of(a)
-                if ptr == 0:
-                    ptr = self.scratch_ptr
+                if self.c_in_raw[i]:  # the guard checked a plain dense tensor with elements
+                    ptr = _raw_data_ptr(a, self.c_in_raw[i])
+                else:
+                    ptr = _data_ptr_of(a)
+                    if ptr == 0:
+                        ptr = self.scratch_ptr
                 if ptr != b.bound_ptrs[i]:
                     self._bind_input(b, i, self.in_shapes[i], ptr)
             else:

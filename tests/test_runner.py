@@ -93,3 +93,13 @@ def test_guarded_fast_path_still_catches_changed_arguments():
         runner(x, 3)
     x.data = torch.randn(8, 8)  # same object, new memory: rebound by pointer
     torch.testing.assert_close(runner(x, y)[0], torch.relu(x * x + y))
+
+
+@pytest.mark.skipif(not torch.__version__.startswith("2.13."), reason="layouts checked on the torch ortlite is tested on")
+def test_raw_tensor_layout_found():
+    """The recycling check and the guarded path read use counts and data pointers from
+    torch's objects where the offsets check out at import (else through torch's accessors):
+    on the tested torch they must, or the hot path silently got slower."""
+    from ortlite import _fast
+
+    assert _fast.RAW_LAYOUT is True and _fast.RAW_DATA_LAYOUT is True
