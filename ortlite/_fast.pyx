@@ -447,6 +447,7 @@ cdef Py_ssize_t _DATA_OFFSET = -1            # of the data pointer in a StorageI
 cdef Py_ssize_t _STORAGE_OFFSET_OFFSET = -1  # of storage_offset_ (elements) in a TensorImpl
 cdef bint _raw_data = False
 cdef uint64_t _HAS_PYOBJECT = (<uint64_t>1) << 63
+cdef uint64_t _USES = 0xFFFFFFFF  # (typed: a literal this large would be a Python int)
 
 
 cdef inline void* _impl_of(object t) noexcept:
@@ -463,7 +464,7 @@ cdef inline void* _storage_impl_of(void* impl) noexcept:
 
 cdef inline bint _sole_user(void* target) noexcept:
     """One use of target and no Python object wrapping it (a storage's)."""
-    return (_counts_at(target) & (_HAS_PYOBJECT | 0xFFFFFFFF)) == 1
+    return (_counts_at(target) & (_HAS_PYOBJECT | _USES)) == 1
 
 
 cdef Py_ssize_t _find_word(void* base, uintptr_t value, Py_ssize_t start, Py_ssize_t limit):
@@ -528,17 +529,17 @@ def _find_raw_layout():
     _STORAGE_OFFSET = offsets.pop()
     for t in _fresh_tensors():  # none has had a Python storage object
         impl = _impl_of(t)
-        if <uintptr_t>impl != <uintptr_t>t._cdata or (_counts_at(impl) & 0xFFFFFFFF) != t._use_count() or t._use_count() != 1:
+        if <uintptr_t>impl != <uintptr_t>t._cdata or (_counts_at(impl) & _USES) != t._use_count() or t._use_count() != 1:
             return "tensor use count"
         held = to_dlpack(t)  # a C++ reference to the TensorImpl
-        if (_counts_at(impl) & 0xFFFFFFFF) != 2 or t._use_count() != 2:
+        if (_counts_at(impl) & _USES) != 2 or t._use_count() != 2:
             return "tensor use count with a C++ reference"
         del held
         storage = _storage_impl_of(impl)
         if not _sole_user(storage) or _storage_use_count(<uintptr_t>storage) != 1:
             return "storage use count"
         view = t.view(t.shape)  # another TensorImpl on the same storage
-        if _sole_user(storage) or (_counts_at(storage) & 0xFFFFFFFF) != 2 or _storage_use_count(<uintptr_t>storage) != 2:
+        if _sole_user(storage) or (_counts_at(storage) & _USES) != 2 or _storage_use_count(<uintptr_t>storage) != 2:
             return "storage use count with a view"
         del view
         if not _sole_user(storage):
@@ -584,7 +585,7 @@ cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize)
         return False
     if _raw_counts:
         impl = _impl_of(t)
-        if (_counts_at(impl) & 0xFFFFFFFF) != 1 or not _sole_user(_storage_impl_of(impl)):
+        if (_counts_at(impl) & _USES) != 1 or not _sole_user(_storage_impl_of(impl)):
             return False
     elif t._use_count() != 1 or _storage_use_count(t.untyped_storage()._cdata) != _SOLE_STORAGE_COUNT:
         return False
@@ -830,8 +831,10 @@ cdef class Runner:
     def __call__(self, *args):
         cdef Py_ssize_t i, n
         cdef _Binding b
+        cdef bint boxed_call = False
         n = len(args)
         if n == 1 and type(args[0]) is list:  # boxed call (graph arguments are never lists)
+            boxed_call = True
             boxed = args[0]
             args = tuple(boxed)
             boxed.clear()  # lets aot_autograd's inputs be freed as early as in eager
@@ -889,7 +892,10 @@ cdef class Runner:
             self.replacement = self.on_run_failure(failed)
             return self.replacement(*args)
         if self.single_output:
-            return (outs[0],) if self.returns_tuple else outs[0]
+            if not self.returns_tuple:
+                return outs[0]
+            # boxed (aot_autograd): the list of outputs as it is (it turns a tuple into one)
+            return outs if boxed_call and len(outs) == 1 else (outs[0],)
         results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
 
