@@ -16,7 +16,7 @@ import weakref
 
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_REFCNT
-from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcmp, memcpy
 from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
@@ -565,6 +565,128 @@ if _raw_counts:
 _raw_data = RAW_DATA_LAYOUT is True
 
 
+# The tensor check of the guarded path, read from the TensorImpl where its layout checks out:
+# exact Python type, dispatch key set (TensorImpl.key_set_), dtype (data_type_, a 16-bit
+# TypeMeta), sizes and strides (sizes_and_strides_: a count, then up to 5 sizes and 5 strides
+# inline). For CPU tensors of static shape (the C-API path); else TensorGuards.
+DEF MAX_RAW_DIMS = 5
+cdef Py_ssize_t _KEYS_OFFSET = -1
+cdef Py_ssize_t _DTYPE_OFFSET = -1
+cdef Py_ssize_t _DIMS_OFFSET = -1
+cdef bint _raw_guard = False
+
+ctypedef struct RawCheck:
+    Py_ssize_t arg
+    void* pytype
+    uint64_t keys
+    uint16_t dtype
+    Py_ssize_t ndim
+    int64_t sizes[MAX_RAW_DIMS]
+    int64_t strides[MAX_RAW_DIMS]
+
+
+cdef inline bint _raw_matches(object a, RawCheck* c) noexcept:
+    cdef char* impl
+    cdef int64_t* dims
+    cdef Py_ssize_t d
+    if <void*>(<PyObject*>a).ob_type != c.pytype:
+        return False
+    impl = <char*>_impl_of(a)
+    if (<uint64_t*>(impl + _KEYS_OFFSET))[0] != c.keys or (<uint16_t*>(impl + _DTYPE_OFFSET))[0] != c.dtype:
+        return False
+    dims = <int64_t*>(impl + _DIMS_OFFSET)
+    if dims[0] != c.ndim:
+        return False
+    for d in range(c.ndim):
+        if dims[1 + d] != c.sizes[d] or dims[1 + MAX_RAW_DIMS + d] != c.strides[d]:
+            return False
+    return True
+
+
+cdef int _raw_check_of(RawCheck* c, object t, Py_ssize_t arg) except -1:
+    """Fill c from tensor t (which has passed validation)."""
+    cdef Py_ssize_t d
+    c.arg = arg
+    c.pytype = <void*>(<PyObject*>t).ob_type
+    c.keys = torch._C._dispatch_keys(t).raw_repr()
+    c.dtype = (<uint16_t*>((<char*>_impl_of(t)) + _DTYPE_OFFSET))[0]
+    c.ndim = t.dim()
+    for d in range(c.ndim):
+        c.sizes[d] = t.shape[d]
+        c.strides[d] = t.stride(d)
+    return 0
+
+
+cdef bint _dims_at(object t, Py_ssize_t off):
+    cdef int64_t* dims = <int64_t*>((<char*>_impl_of(t)) + off)
+    cdef Py_ssize_t d
+    for d in range(t.dim()):
+        if dims[1 + d] != t.shape[d] or dims[1 + MAX_RAW_DIMS + d] != t.stride(d):
+            return False
+    return True
+
+
+def _find_guard_layout():
+    """Find the offsets _raw_matches reads and check it against TensorGuards: True, or what failed."""
+    global _KEYS_OFFSET, _DTYPE_OFFSET, _DIMS_OFFSET
+    cdef Py_ssize_t off
+    cdef RawCheck check
+    from torch._C._dynamo.guards import TensorGuards
+    dtypes = [torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool, torch.float16, torch.complex64]
+    shapes = [(3,), (2, 5), (4, 1, 6), (7, 11, 13), (2, 3, 1, 4, 5)]
+    samples = [torch.zeros(shape, dtype=dtype) for dtype in dtypes for shape in shapes]
+    keys, dims = None, None
+    for t in samples:
+        found = _offsets_of(_impl_of(t), torch._C._dispatch_keys(t).raw_repr(), 512)
+        keys = found if keys is None else keys & found
+        found = {o for o in _offsets_of(_impl_of(t), t.dim(), 512) if _dims_at(t, o)}
+        dims = found if dims is None else dims & found
+    if len(keys) != 1 or len(dims) != 1:
+        return "key set or sizes layout"
+    _KEYS_OFFSET, _DIMS_OFFSET = keys.pop(), dims.pop()
+    dtype_offsets = []
+    for off in range(0, 512, 2):
+        seen = {}
+        for t in samples:
+            value = (<uint16_t*>((<char*>_impl_of(t)) + off))[0]
+            if seen.setdefault(t.dtype, value) != value:
+                break
+        else:
+            if len(set(seen.values())) == len(dtypes):
+                dtype_offsets.append(off)
+    if len(dtype_offsets) != 1:
+        return "dtype layout"
+    _DTYPE_OFFSET = dtype_offsets[0]
+    # the same verdicts as TensorGuards (requires_grad aside: the runner does not need it)
+    for dtype in (torch.float32, torch.int64):
+        for shape in ((8, 8), (1, 64), (3, 4, 5)):
+            t = torch.randn(shape).to(dtype)
+            guard = TensorGuards(t, dynamic_dims_sizes=[list(shape)], dynamic_dims_strides=[list(t.stride())])
+            _raw_check_of(&check, t, 0)
+            base = torch.zeros(200, dtype=dtype)
+            others = [torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.int32),
+                      torch.zeros(tuple(reversed(shape)), dtype=dtype).permute(*reversed(range(len(shape)))),
+                      torch.zeros(shape[:len(shape) - 1] + (shape[len(shape) - 1] + 1,), dtype=dtype),
+                      torch.zeros((2,) + shape, dtype=dtype)[1], base[3:3 + t.numel()].view(shape), torch.zeros(shape, dtype=dtype).unsqueeze(0),
+                      torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32)).detach().to(dtype), torch.zeros(shape, dtype=dtype, device="meta"),
+                      torch.zeros(shape, dtype=torch.complex64).conj(), torch.zeros(shape, dtype=dtype).expand(shape)]
+            with torch.inference_mode():
+                others.append(torch.zeros(shape, dtype=dtype))
+            for other in others:
+                if _raw_matches(other, &check) != bool(guard.check(other)):
+                    return f"verdict differs from TensorGuards on a {other.dtype} {tuple(other.shape)} {other.device} tensor"
+    return True
+
+
+RAW_GUARD_LAYOUT = None  # True, or why the guarded path's check is TensorGuards'
+if _raw_data:
+    try:
+        RAW_GUARD_LAYOUT = _find_guard_layout()
+    except Exception as e:
+        RAW_GUARD_LAYOUT = repr(e)
+_raw_guard = RAW_GUARD_LAYOUT is True
+
+
 def raw_counts():
     """Whether the recycling check reads reference counts from torch's objects directly."""
     return _raw_counts
@@ -641,6 +763,10 @@ cdef class Runner:
     cdef list pool
     cdef object guard           # checks all tensor arguments at once (torch's TensorGuards)
     cdef object guard_check     # its bound check method
+    cdef RawCheck* raw_checks   # the same check read from the TensorImpls (_raw_matches); NULL: none
+    cdef Py_ssize_t n_raw_checks
+    cdef bint raw_tried         # raw_checks were built, or could not be
+    cdef list raw_types         # the Python types raw_checks point to
     cdef object guard_factory   # builds the guard from the first arguments that pass validation
     cdef list tensor_indices    # the guard checks these arguments
     cdef bint all_tensors
@@ -782,6 +908,7 @@ cdef class Runner:
             self.c_out_names[i] = <const char*>self.c_names[self.n_args + i]
 
     def __dealloc__(self):
+        free(self.raw_checks)
         free(self.c_kinds)
         free(self.c_static)
         free(self.c_in_raw)
@@ -854,7 +981,8 @@ cdef class Runner:
         b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
         failed = None
         try:
-            if self.guard_check is not None and self.guard_check(*self._tensor_args(args)):
+            if (self.raw_checks != NULL and self._raw_guarded(args)) or (
+                    self.guard_check is not None and self.guard_check(*self._tensor_args(args))):
                 keep_alive = self._bind_guarded(b, args)
             else:
                 keep_alive = self._bind_validated(b, args)
@@ -1124,6 +1252,38 @@ cdef class Runner:
                     self._bind_input(b, i, shape, ptr)
         return None
 
+    cdef bint _raw_guarded(self, tuple args):
+        cdef Py_ssize_t k
+        for k in range(self.n_raw_checks):
+            if not _raw_matches(args[self.raw_checks[k].arg], &self.raw_checks[k]):
+                return False
+        return True
+
+    cdef _build_raw_checks(self, tuple args):
+        """From arguments that have just passed validation: a raw check (see _raw_matches) per
+        tensor argument, where every one is a static-shaped CPU tensor of at most
+        MAX_RAW_DIMS dims and the layouts checked out at import."""
+        cdef Py_ssize_t i, k = 0
+        self.raw_tried = True
+        tensors = [i for i in range(self.n_args) if self.c_kinds[i] == K_TENSOR]
+        if not _raw_guard or not tensors or any(
+                not self.c_static[i] or self.in_device_index[i] != -1 or len(self.in_shapes[i]) > MAX_RAW_DIMS
+                or type(args[i]).__dict__.get("__torch_function__") is not None and type(args[i]) is not Tensor
+                for i in tensors):
+            return
+        checks = <RawCheck*>calloc(len(tensors), sizeof(RawCheck))
+        if checks == NULL:
+            raise MemoryError()
+        try:
+            for i in tensors:
+                _raw_check_of(&checks[k], args[i], i)
+                k += 1
+        except BaseException:
+            free(checks)
+            raise
+        self.raw_types = [type(args[i]) for i in tensors]
+        self.raw_checks, self.n_raw_checks = checks, len(tensors)
+
     cdef inline _write_scalar(self, _Binding b, Py_ssize_t i, int kind, a):
         """Python numbers go into 0-d buffers bound once; UNUSED arguments are ignored."""
         cdef uintptr_t p = b.scalar_ptrs[i]
@@ -1178,6 +1338,8 @@ cdef class Runner:
                     self._bind_input(b, i, shape, ptr)
             else:
                 self._write_scalar(b, i, kind, a)
+        if not self.raw_tried and not keep_alive:
+            self._build_raw_checks(args)
         if self.guard is None and self.guard_factory is not None and not keep_alive:
             # Tensors like these pass the guard from now on: one C++ check for all.
             self.guard = self.guard_factory(self._tensor_args(args))
@@ -1219,6 +1381,11 @@ cdef class Runner:
     cdef _mismatch(self, Py_ssize_t i, a):
         from ortlite.runner import describe_mismatch
         raise describe_mismatch(self.name, i, self.in_names[i], self.in_dtypes[i], self.in_device_index[i], self.in_shapes[i], a)
+
+    @property
+    def raw_guarded(self):
+        """Whether the guarded path checks arguments from their TensorImpls (not TensorGuards)."""
+        return self.raw_checks != NULL
 
     @property
     def uses_c_api(self):
