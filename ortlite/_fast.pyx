@@ -27,6 +27,7 @@ import torch
 
 cdef object Tensor = torch.Tensor
 cdef object empty_like = torch.empty_like
+cdef object _Parameter = torch.nn.Parameter
 from torch.utils.dlpack import from_dlpack
 
 # Argument kinds and output sources; ortlite/runner.py maps ortlite.lower's names to these.
@@ -1261,14 +1262,16 @@ cdef class Runner:
 
     cdef _build_raw_checks(self, tuple args):
         """From arguments that have just passed validation: a raw check (see _raw_matches) per
-        tensor argument, where every one is a static-shaped CPU tensor of at most
-        MAX_RAW_DIMS dims and the layouts checked out at import."""
+        tensor argument, where every one is a static-shaped CPU tensor (a plain Tensor or
+        Parameter, with storage) of at most MAX_RAW_DIMS dims and the layouts checked out at
+        import."""
         cdef Py_ssize_t i, k = 0
         self.raw_tried = True
         tensors = [i for i in range(self.n_args) if self.c_kinds[i] == K_TENSOR]
         if not _raw_guard or not tensors or any(
                 not self.c_static[i] or self.in_device_index[i] != -1 or len(self.in_shapes[i]) > MAX_RAW_DIMS
-                or type(args[i]).__dict__.get("__torch_function__") is not None and type(args[i]) is not Tensor
+                or (type(args[i]) is not Tensor and type(args[i]) is not _Parameter)  # no subclass's own layout
+                or _storage_impl_of(_impl_of(args[i])) == NULL
                 for i in tensors):
             return
         checks = <RawCheck*>calloc(len(tensors), sizeof(RawCheck))
