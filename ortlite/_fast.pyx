@@ -365,16 +365,6 @@ cdef class _Binding:
 cdef object _storage_use_count = torch._C._storage_Use_Count
 
 
-def _storage_count_of_a_fresh_tensor():
-    # The count the check below sees for a storage only one tensor uses (the temporary
-    # Python storage object it creates may hold a reference of its own).
-    t = torch.empty(1)
-    return _storage_use_count(t.untyped_storage()._cdata)
-
-
-cdef Py_ssize_t _SOLE_STORAGE_COUNT = _storage_count_of_a_fresh_tensor()
-
-
 cdef extern from "Python.h":
     ctypedef struct _TypeWithWeaklist "PyTypeObject":
         Py_ssize_t tp_weaklistoffset
@@ -706,11 +696,12 @@ cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize)
         and not _has_weakrefs(t)
     ):
         return False
-    if _raw_counts:
-        impl = _impl_of(t)
-        if (_counts_at(impl) & _USES) != 1 or not _sole_user(_storage_impl_of(impl)):
-            return False
-    elif t._use_count() != 1 or _storage_use_count(t.untyped_storage()._cdata) != _SOLE_STORAGE_COUNT:
+    if not _raw_counts:
+        # Through torch's accessors a storage's count cannot tell a Python storage object
+        # someone holds (untyped_storage() makes one that then stays): never recycle.
+        return False
+    impl = _impl_of(t)
+    if (_counts_at(impl) & _USES) != 1 or not _sole_user(_storage_impl_of(impl)):
         return False
     if _requires_grad_def != NULL:
         if _requires_grad_def.get(t, _requires_grad_def.closure):

@@ -235,7 +235,9 @@ def test_recycled_outputs_are_never_visible_to_the_caller():
     for i in range(6):
         out = compiled(x, y)
         pointers.add(out.data_ptr())
-    assert len(pointers) == 2
+    from ortlite import _fast
+
+    assert len(pointers) == (2 if _fast.raw_counts() else 6)  # without torch's counts: never recycled
 
 
 def test_exported_program_input():
