@@ -9,13 +9,14 @@ through the pybind module's IOBinding. Either way a call takes a _Binding from a
 (one per concurrent caller) holding what it last bound, so only what changed is rewrapped.
 """
 
+import math
 import os
 import types
 import weakref
 
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_REFCNT
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcmp, memcpy
 from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
@@ -26,6 +27,7 @@ import torch
 
 cdef object Tensor = torch.Tensor
 cdef object empty_like = torch.empty_like
+cdef object _Parameter = torch.nn.Parameter
 from torch.utils.dlpack import from_dlpack
 
 # Argument kinds and output sources; ortlite/runner.py maps ortlite.lower's names to these.
@@ -325,12 +327,12 @@ cdef class _Binding:
     cdef OrtValue** out_values   # per ONNX output
     cdef int64_t* scalars        # per argument: the memory of a Python number's 0-d value
     cdef Py_ssize_t n_in, n_out
-    cdef list bound_ptrs
+    cdef uintptr_t* bound_ptrs   # per argument: the data pointer bound (0: none yet)
     cdef list bound_shapes
     cdef list scalar_buffers     # 0-d tensors, bound once, written in place per call
     cdef list scalar_ptrs
     cdef list outputs            # the output tensors bound last (kept only when recycling)
-    cdef list bound_out_ptrs
+    cdef uintptr_t* bound_out_ptrs  # per ONNX output: the data pointer bound (recycling)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -343,6 +345,8 @@ cdef class _Binding:
         free(self.in_values)
         free(self.out_values)
         free(self.scalars)
+        free(self.bound_ptrs)
+        free(self.bound_out_ptrs)
 
     cdef int set_input(self, Py_ssize_t i, uintptr_t ptr, shape, int elem_type, Py_ssize_t itemsize) except -1:
         cdef OrtValue* value = _wrap(_cpu_info, ptr, shape, elem_type, itemsize)
@@ -359,16 +363,6 @@ cdef class _Binding:
 
 
 cdef object _storage_use_count = torch._C._storage_Use_Count
-
-
-def _storage_count_of_a_fresh_tensor():
-    # The count the check below sees for a storage only one tensor uses (the temporary
-    # Python storage object it creates may hold a reference of its own).
-    t = torch.empty(1)
-    return _storage_use_count(t.untyped_storage()._cdata)
-
-
-cdef Py_ssize_t _SOLE_STORAGE_COUNT = _storage_count_of_a_fresh_tensor()
 
 
 cdef extern from "Python.h":
@@ -393,6 +387,7 @@ cdef extern from "Python.h":
     ctypedef struct PyMethodDescrObject:
         PyMethodDef* d_method
     PyObject* PyWeakref_GetObject(object ref) except NULL
+    object PyObject_GenericGetDict(object o, void* context)
     int METH_NOARGS
 
 
@@ -422,20 +417,303 @@ cdef inline bint _has_weakrefs(object o):
     return (<PyObject**>((<char*><PyObject*>o) + offset))[0] != NULL
 
 
-cdef inline bint _unobservable(object t, uintptr_t ptr):
+cdef PyGetSetDef* _requires_grad_def = NULL
+_requires_grad_descr = torch._C.TensorBase.__dict__.get("requires_grad")
+if _direct and type(_requires_grad_descr) is types.GetSetDescriptorType:
+    _requires_grad_def = (<PyGetSetDescrObject*>_requires_grad_descr).d_getset
+
+
+# Reference counts read straight from torch's C++ objects, for the recycling check below: the
+# TensorImpl a tensor object wraps (THPVariable.cdata), its StorageImpl (TensorImpl.storage_),
+# and the combined count of each (c10::intrusive_ptr_target's word after the vtable pointer:
+# the use count in its low 32 bits, and its top bit set once a Python object wraps the target;
+# a Python storage object, once made, stays as long as the tensor: someone may hold it). The
+# offsets are found and checked at import against torch's own accessors (t._cdata,
+# untyped_storage()._cdata, _use_count, _storage_Use_Count); where anything disagrees
+# (another torch), _raw_counts stays False and the check calls those accessors instead.
+cdef Py_ssize_t _IMPL_OFFSET = -1     # of the TensorImpl* in a tensor object
+cdef Py_ssize_t _STORAGE_OFFSET = -1  # of the StorageImpl* in a TensorImpl
+cdef bint _raw_counts = False
+cdef Py_ssize_t _DATA_OFFSET = -1            # of the data pointer in a StorageImpl (its DataPtr)
+cdef Py_ssize_t _STORAGE_OFFSET_OFFSET = -1  # of storage_offset_ (elements) in a TensorImpl
+cdef bint _raw_data = False
+cdef uint64_t _HAS_PYOBJECT = (<uint64_t>1) << 63
+cdef uint64_t _USES = 0xFFFFFFFF  # (typed: a literal this large would be a Python int)
+
+
+cdef inline void* _impl_of(object t) noexcept:
+    return (<void**>((<char*><PyObject*>t) + _IMPL_OFFSET))[0]
+
+
+cdef inline uint64_t _counts_at(void* target) noexcept:
+    return (<uint64_t*>((<char*>target) + sizeof(void*)))[0]
+
+
+cdef inline void* _storage_impl_of(void* impl) noexcept:
+    return (<void**>((<char*>impl) + _STORAGE_OFFSET))[0]
+
+
+cdef inline bint _sole_user(void* target) noexcept:
+    """One use of target and no Python object wrapping it (a storage's)."""
+    return (_counts_at(target) & (_HAS_PYOBJECT | _USES)) == 1
+
+
+cdef Py_ssize_t _find_word(void* base, uintptr_t value, Py_ssize_t start, Py_ssize_t limit):
+    cdef Py_ssize_t off
+    for off in range(start, limit, sizeof(void*)):
+        if (<uintptr_t*>((<char*>base) + off))[0] == value:
+            return off
+    return -1
+
+
+cdef inline uintptr_t _raw_data_ptr(object t, Py_ssize_t itemsize) noexcept:
+    """t.data_ptr() of a dense tensor with elements, read from its TensorImpl and StorageImpl."""
+    cdef void* impl = _impl_of(t)
+    return ((<uintptr_t*>((<char*>_storage_impl_of(impl)) + _DATA_OFFSET))[0]
+            + <uintptr_t>((<int64_t*>((<char*>impl) + _STORAGE_OFFSET_OFFSET))[0] * itemsize))
+
+
+cdef set _offsets_of(void* base, uintptr_t value, Py_ssize_t limit):
+    cdef Py_ssize_t off
+    return {off for off in range(0, limit, sizeof(void*)) if (<uintptr_t*>((<char*>base) + off))[0] == value}
+
+
+def _find_data_layout():
+    """Find and check the offsets _raw_data_ptr reads: True, or what failed."""
+    global _DATA_OFFSET, _STORAGE_OFFSET_OFFSET
+    import numpy
+    base = torch.arange(200, dtype=torch.float64)
+    samples = [base[7:], base[13:50], torch.from_numpy(numpy.arange(9, dtype=numpy.int32))[5:], torch.ones(3, 4, dtype=torch.int64)[1:],
+               torch.empty(64, dtype=torch.uint8)[33:], torch.zeros(5, dtype=torch.bool)[2:], torch.randn(4, 4).t()[1:]]
+    data, offsets = None, None
+    for t in samples:
+        storage = t.untyped_storage()
+        found = _offsets_of(<void*><uintptr_t>storage._cdata, storage.data_ptr(), 128)
+        data = found if data is None else data & found
+        found = _offsets_of(_impl_of(t), t.storage_offset(), 512)
+        offsets = found if offsets is None else offsets & found
+    if len(data) != 1 or len(offsets) != 1:
+        return "storage data pointer or offset layout"
+    _DATA_OFFSET, _STORAGE_OFFSET_OFFSET = data.pop(), offsets.pop()
+    for t in samples + _fresh_tensors():
+        if t.numel() and _raw_data_ptr(t, t.element_size()) != t.data_ptr():
+            return "data pointer"
+    return True
+
+
+def _fresh_tensors():
+    return [torch.empty(3), torch.zeros(2, 5, dtype=torch.int64), torch.empty(0), torch.nn.Parameter(torch.ones(4)).detach(), torch.ones(6) + 1]
+
+
+def _find_raw_layout():
+    """Find and check the offsets _unobservable reads (see above): True, or what failed."""
+    global _IMPL_OFFSET, _STORAGE_OFFSET
+    from torch.utils.dlpack import to_dlpack
+    found = _fresh_tensors()
+    offsets = {_find_word(<void*><PyObject*>t, <uintptr_t>t._cdata, sizeof(PyObject), 64) for t in found}
+    if len(offsets) != 1 or -1 in offsets:
+        return "tensor object layout"
+    _IMPL_OFFSET = offsets.pop()
+    offsets = {_find_word(_impl_of(t), <uintptr_t>t.untyped_storage()._cdata, sizeof(void*), 512) for t in found}
+    if len(offsets) != 1 or -1 in offsets:
+        return "TensorImpl layout"
+    _STORAGE_OFFSET = offsets.pop()
+    for t in _fresh_tensors():  # none has had a Python storage object
+        impl = _impl_of(t)
+        if <uintptr_t>impl != <uintptr_t>t._cdata or (_counts_at(impl) & _USES) != t._use_count() or t._use_count() != 1:
+            return "tensor use count"
+        held = to_dlpack(t)  # a C++ reference to the TensorImpl
+        if (_counts_at(impl) & _USES) != 2 or t._use_count() != 2:
+            return "tensor use count with a C++ reference"
+        del held
+        storage = _storage_impl_of(impl)
+        if not _sole_user(storage) or _storage_use_count(<uintptr_t>storage) != 1:
+            return "storage use count"
+        view = t.view(t.shape)  # another TensorImpl on the same storage
+        if _sole_user(storage) or (_counts_at(storage) & _USES) != 2 or _storage_use_count(<uintptr_t>storage) != 2:
+            return "storage use count with a view"
+        del view
+        if not _sole_user(storage):
+            return "storage use count after a view"
+        python_storage = t.untyped_storage()
+        if python_storage._cdata != <uintptr_t>storage or _sole_user(storage):
+            return "storage with a Python object"
+    return True
+
+
+RAW_LAYOUT = None  # True, or why the recycling check calls torch's accessors
+try:
+    RAW_LAYOUT = _find_raw_layout()
+except Exception as e:
+    RAW_LAYOUT = repr(e)
+_raw_counts = RAW_LAYOUT is True
+RAW_DATA_LAYOUT = None  # True, or why data pointers are read through torch's accessor
+if _raw_counts:
+    try:
+        RAW_DATA_LAYOUT = _find_data_layout()
+    except Exception as e:
+        RAW_DATA_LAYOUT = repr(e)
+_raw_data = RAW_DATA_LAYOUT is True
+
+
+# The tensor check of the guarded path, read from the TensorImpl where its layout checks out:
+# exact Python type, dispatch key set (TensorImpl.key_set_), dtype (data_type_, a 16-bit
+# TypeMeta), sizes and strides (sizes_and_strides_: a count, then up to 5 sizes and 5 strides
+# inline). For CPU tensors of static shape (the C-API path); else TensorGuards.
+DEF MAX_RAW_DIMS = 5
+cdef Py_ssize_t _KEYS_OFFSET = -1
+cdef Py_ssize_t _DTYPE_OFFSET = -1
+cdef Py_ssize_t _DIMS_OFFSET = -1
+cdef bint _raw_guard = False
+
+ctypedef struct RawCheck:
+    Py_ssize_t arg
+    void* pytype
+    uint64_t keys
+    uint16_t dtype
+    Py_ssize_t ndim
+    int64_t sizes[MAX_RAW_DIMS]
+    int64_t strides[MAX_RAW_DIMS]
+
+
+cdef inline bint _raw_matches(object a, RawCheck* c) noexcept:
+    cdef char* impl
+    cdef int64_t* dims
+    cdef Py_ssize_t d
+    if <void*>(<PyObject*>a).ob_type != c.pytype:
+        return False
+    impl = <char*>_impl_of(a)
+    if (<uint64_t*>(impl + _KEYS_OFFSET))[0] != c.keys or (<uint16_t*>(impl + _DTYPE_OFFSET))[0] != c.dtype:
+        return False
+    dims = <int64_t*>(impl + _DIMS_OFFSET)
+    if dims[0] != c.ndim:
+        return False
+    for d in range(c.ndim):
+        if dims[1 + d] != c.sizes[d] or dims[1 + MAX_RAW_DIMS + d] != c.strides[d]:
+            return False
+    return True
+
+
+cdef int _raw_check_of(RawCheck* c, object t, Py_ssize_t arg) except -1:
+    """Fill c from tensor t (which has passed validation)."""
+    cdef Py_ssize_t d
+    c.arg = arg
+    c.pytype = <void*>(<PyObject*>t).ob_type
+    c.keys = torch._C._dispatch_keys(t).raw_repr()
+    c.dtype = (<uint16_t*>((<char*>_impl_of(t)) + _DTYPE_OFFSET))[0]
+    c.ndim = t.dim()
+    for d in range(c.ndim):
+        c.sizes[d] = t.shape[d]
+        c.strides[d] = t.stride(d)
+    return 0
+
+
+cdef bint _dims_at(object t, Py_ssize_t off):
+    cdef int64_t* dims = <int64_t*>((<char*>_impl_of(t)) + off)
+    cdef Py_ssize_t d
+    for d in range(t.dim()):
+        if dims[1 + d] != t.shape[d] or dims[1 + MAX_RAW_DIMS + d] != t.stride(d):
+            return False
+    return True
+
+
+def _find_guard_layout():
+    """Find the offsets _raw_matches reads and check it against TensorGuards: True, or what failed."""
+    global _KEYS_OFFSET, _DTYPE_OFFSET, _DIMS_OFFSET
+    cdef Py_ssize_t off
+    cdef RawCheck check
+    from torch._C._dynamo.guards import TensorGuards
+    dtypes = [torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool, torch.float16, torch.complex64]
+    shapes = [(3,), (2, 5), (4, 1, 6), (7, 11, 13), (2, 3, 1, 4, 5)]
+    samples = [torch.zeros(shape, dtype=dtype) for dtype in dtypes for shape in shapes]
+    keys, dims = None, None
+    for t in samples:
+        found = _offsets_of(_impl_of(t), torch._C._dispatch_keys(t).raw_repr(), 512)
+        keys = found if keys is None else keys & found
+        found = {o for o in _offsets_of(_impl_of(t), t.dim(), 512) if _dims_at(t, o)}
+        dims = found if dims is None else dims & found
+    if len(keys) != 1 or len(dims) != 1:
+        return "key set or sizes layout"
+    _KEYS_OFFSET, _DIMS_OFFSET = keys.pop(), dims.pop()
+    dtype_offsets = []
+    for off in range(0, 512, 2):
+        seen = {}
+        for t in samples:
+            value = (<uint16_t*>((<char*>_impl_of(t)) + off))[0]
+            if seen.setdefault(t.dtype, value) != value:
+                break
+        else:
+            if len(set(seen.values())) == len(dtypes):
+                dtype_offsets.append(off)
+    if len(dtype_offsets) != 1:
+        return "dtype layout"
+    _DTYPE_OFFSET = dtype_offsets[0]
+    # the same verdicts as TensorGuards (requires_grad aside: the runner does not need it)
+    for dtype in (torch.float32, torch.int64):
+        for shape in ((8, 8), (1, 64), (3, 4, 5)):
+            t = torch.randn(shape).to(dtype)
+            guard = TensorGuards(t, dynamic_dims_sizes=[list(shape)], dynamic_dims_strides=[list(t.stride())])
+            _raw_check_of(&check, t, 0)
+            base = torch.zeros(200, dtype=dtype)
+            others = [torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.int32),
+                      torch.zeros(tuple(reversed(shape)), dtype=dtype).permute(*reversed(range(len(shape)))),
+                      torch.zeros(shape[:len(shape) - 1] + (shape[len(shape) - 1] + 1,), dtype=dtype),
+                      torch.zeros((2,) + shape, dtype=dtype)[1], base[3:3 + t.numel()].view(shape), torch.zeros(shape, dtype=dtype).unsqueeze(0),
+                      torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32)).detach().to(dtype), torch.zeros(shape, dtype=dtype, device="meta"),
+                      torch.zeros(shape, dtype=torch.complex64).conj(), torch.zeros(shape, dtype=dtype).expand(shape)]
+            with torch.inference_mode():
+                others.append(torch.zeros(shape, dtype=dtype))
+            for other in others:
+                if _raw_matches(other, &check) != bool(guard.check(other)):
+                    return f"verdict differs from TensorGuards on a {other.dtype} {tuple(other.shape)} {other.device} tensor"
+    return True
+
+
+RAW_GUARD_LAYOUT = None  # True, or why the guarded path's check is TensorGuards'
+if _raw_data:
+    try:
+        RAW_GUARD_LAYOUT = _find_guard_layout()
+    except Exception as e:
+        RAW_GUARD_LAYOUT = repr(e)
+_raw_guard = RAW_GUARD_LAYOUT is True
+
+
+def raw_counts():
+    """Whether the recycling check reads reference counts from torch's objects directly."""
+    return _raw_counts
+
+
+cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize):
     """True when nothing but the binding can reach tensor t or its memory: no other Python
     reference, no C++ reference (autograd, views, DLPack), no other user of its storage,
-    no weak reference, no attributes, unchanged memory. Refilling it is then invisible."""
-    return (
+    no weak reference, no attributes, unchanged memory. Refilling it is then invisible.
+    raw_itemsize: t's element size when it has elements and _raw_data holds (its data
+    pointer is then read from torch's objects), else 0."""
+    cdef void* impl
+    if not (
         Py_REFCNT(t) == 2  # the binding's list and this function's argument
         and type(t) is Tensor
         and not _has_weakrefs(t)
-        and t._use_count() == 1
-        and not t.requires_grad
-        and <uintptr_t>_data_ptr_of(t) == ptr
-        and _storage_use_count(t.untyped_storage()._cdata) == _SOLE_STORAGE_COUNT
-        and not t.__dict__
-    )
+    ):
+        return False
+    if not _raw_counts:
+        # Through torch's accessors a storage's count cannot tell a Python storage object
+        # someone holds (untyped_storage() makes one that then stays): never recycle.
+        return False
+    impl = _impl_of(t)
+    if (_counts_at(impl) & _USES) != 1 or not _sole_user(_storage_impl_of(impl)):
+        return False
+    if _requires_grad_def != NULL:
+        if _requires_grad_def.get(t, _requires_grad_def.closure):
+            return False
+    elif t.requires_grad:
+        return False
+    if raw_itemsize:
+        if _raw_data_ptr(t, raw_itemsize) != ptr:
+            return False
+    elif <uintptr_t>_data_ptr_of(t) != ptr:
+        return False
+    return not PyObject_GenericGetDict(t, NULL)
 
 
 cdef class Runner:
@@ -449,6 +727,11 @@ cdef class Runner:
     cdef dict by_stream         # stream key -> (session, binding pool)
     cdef Py_ssize_t n_args
     cdef list kinds
+    cdef int* c_kinds           # kinds, per argument, as a C array
+    cdef char* c_static         # in_static, likewise
+    cdef Py_ssize_t* c_in_raw   # per argument: its element size where its data pointer can be read
+                                # directly (_raw_data; a static tensor with elements), else 0
+    cdef Py_ssize_t* c_out_raw  # per ONNX output: likewise
     cdef list in_names
     cdef list in_dtypes
     cdef list in_elem_types
@@ -471,6 +754,11 @@ cdef class Runner:
     cdef bint returns_tuple     # False: return the single result bare (fused FX submodules)
     cdef list pool
     cdef object guard           # checks all tensor arguments at once (torch's TensorGuards)
+    cdef object guard_check     # its bound check method
+    cdef RawCheck* raw_checks   # the same check read from the TensorImpls (_raw_matches); NULL: none
+    cdef Py_ssize_t n_raw_checks
+    cdef bint raw_tried         # raw_checks were built, or could not be
+    cdef list raw_types         # the Python types raw_checks point to
     cdef object guard_factory   # builds the guard from the first arguments that pass validation
     cdef list tensor_indices    # the guard checks these arguments
     cdef bint all_tensors
@@ -483,8 +771,8 @@ cdef class Runner:
     cdef public long runs
     cdef list frozen_indices    # arguments that are initializers of the session; None: none are
     cdef list frozen_refs       # weak references to the tensors the session was built from
-    cdef list frozen_ptrs       # their data pointers and version counters then
-    cdef list frozen_versions
+    cdef uintptr_t* frozen_ptrs  # their data pointers and version counters then
+    cdef int64_t* frozen_versions
     cdef list frozen_contents   # bytes of a buffer's contents then (None for a parameter)
     cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or unfreezes
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
@@ -538,11 +826,25 @@ cdef class Runner:
         self.in_device_index = [i[5] for i in inputs]
         self.in_shapes = [tuple(i[6]) if i[6] is not None else None for i in inputs]
         self.in_static = [i[6] is not None and -1 not in i[6] for i in inputs]
+        self.c_kinds = <int*>calloc(self.n_args + 1, sizeof(int))
+        self.c_static = <char*>calloc(self.n_args + 1, sizeof(char))
+        self.c_in_raw = <Py_ssize_t*>calloc(self.n_args + 1, sizeof(Py_ssize_t))
+        self.c_out_raw = <Py_ssize_t*>calloc(len(outputs) + 1, sizeof(Py_ssize_t))
+        if self.c_kinds == NULL or self.c_static == NULL or self.c_in_raw == NULL or self.c_out_raw == NULL:
+            raise MemoryError()
+        for k in range(self.n_args):
+            self.c_kinds[k] = self.kinds[k]
+            self.c_static[k] = self.in_static[k]
+            if _raw_data and self.kinds[k] == K_TENSOR and self.in_static[k] and math.prod(self.in_shapes[k]) > 0:
+                self.c_in_raw[k] = self.in_dtypes[k].itemsize
         self.out_names = [o[0] for o in outputs]
         self.out_elem_types = [o[1] for o in outputs]
         self.out_ort_devices = [o[2] for o in outputs]
         self.out_templates = [o[3] for o in outputs]
         self.out_shapes = [tuple(o[4]) if o[4] is not None else None for o in outputs]
+        for k in range(len(outputs)):
+            if _raw_data and self.out_shapes[k] is not None and math.prod(self.out_shapes[k]) > 0:
+                self.c_out_raw[k] = self.out_templates[k].element_size()
         self.plan_source = [p[0] for p in plan]
         self.plan_index = [p[1] for p in plan]
         self.plan_value = [p[2] for p in plan]
@@ -598,6 +900,13 @@ cdef class Runner:
             self.c_out_names[i] = <const char*>self.c_names[self.n_args + i]
 
     def __dealloc__(self):
+        free(self.raw_checks)
+        free(self.c_kinds)
+        free(self.c_static)
+        free(self.c_in_raw)
+        free(self.c_out_raw)
+        free(self.frozen_ptrs)
+        free(self.frozen_versions)
         free(self.feed_pos)
         free(self.c_in_names)
         free(self.c_out_names)
@@ -608,12 +917,14 @@ cdef class Runner:
         cdef bint c = type(self.sess) is CSession
         b.sess = self.sess
         b.pool = self.pool
-        b.bound_ptrs = [None] * self.n_args
+        b.bound_ptrs = <uintptr_t*>calloc(self.n_args + 1, sizeof(uintptr_t))
+        b.bound_out_ptrs = <uintptr_t*>calloc(len(self.out_names) + 1, sizeof(uintptr_t))
+        if b.bound_ptrs == NULL or b.bound_out_ptrs == NULL:
+            raise MemoryError()
         b.bound_shapes = [None] * self.n_args
         b.scalar_buffers = [None] * self.n_args
         b.scalar_ptrs = [0] * self.n_args
         b.outputs = [None] * len(self.out_names)
-        b.bound_out_ptrs = [0] * len(self.out_names)
         if c:
             b.n_in, b.n_out = self.n_fed, len(self.out_names)
             b.in_values = <OrtValue**>calloc(b.n_in + 1, sizeof(OrtValue*))
@@ -639,8 +950,10 @@ cdef class Runner:
     def __call__(self, *args):
         cdef Py_ssize_t i, n
         cdef _Binding b
+        cdef bint boxed_call = False
         n = len(args)
         if n == 1 and type(args[0]) is list:  # boxed call (graph arguments are never lists)
+            boxed_call = True
             boxed = args[0]
             args = tuple(boxed)
             boxed.clear()  # lets aot_autograd's inputs be freed as early as in eager
@@ -660,7 +973,8 @@ cdef class Runner:
         b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
         failed = None
         try:
-            if self.guard is not None and self.guard.check(*self._tensor_args(args)):
+            if (self.raw_checks != NULL and self._raw_guarded(args)) or (
+                    self.guard_check is not None and self.guard_check(*self._tensor_args(args))):
                 keep_alive = self._bind_guarded(b, args)
             else:
                 keep_alive = self._bind_validated(b, args)
@@ -698,7 +1012,10 @@ cdef class Runner:
             self.replacement = self.on_run_failure(failed)
             return self.replacement(*args)
         if self.single_output:
-            return (outs[0],) if self.returns_tuple else outs[0]
+            if not self.returns_tuple:
+                return outs[0]
+            # boxed (aot_autograd): the list of outputs as it is (it turns a tuple into one)
+            return outs if boxed_call and len(outs) == 1 else (outs[0],)
         results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
 
@@ -733,10 +1050,10 @@ cdef class Runner:
                 version = _version_of(a)
             except RuntimeError:  # an inference tensor now (e.g. `.data =` one): no counter
                 return True
-            if <int64_t>version != <int64_t>self.frozen_versions[k]:
+            if <int64_t>version != self.frozen_versions[k]:
                 return True
             ptr = _data_ptr_of(a)
-            if ptr != <uintptr_t>self.frozen_ptrs[k]:
+            if ptr != self.frozen_ptrs[k]:
                 return True
             contents = self.frozen_contents[k]
             if contents is not None and memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
@@ -752,8 +1069,19 @@ cdef class Runner:
         session (built from them) from now on. contents: per tensor, the bytes to compare
         its memory with per call (CPU buffers), or None."""
         self.frozen_refs = [weakref.ref(t, self._weight_died) for t in tensors]
-        self.frozen_ptrs = [t.data_ptr() for t in tensors]
-        self.frozen_versions = [t._version for t in tensors]
+        cdef Py_ssize_t k, n = len(tensors)
+        cdef uintptr_t* ptrs = <uintptr_t*>calloc(n + 1, sizeof(uintptr_t))
+        cdef int64_t* versions = <int64_t*>calloc(n + 1, sizeof(int64_t))
+        if ptrs == NULL or versions == NULL:
+            free(ptrs)
+            free(versions)
+            raise MemoryError()
+        for k in range(n):
+            ptrs[k] = tensors[k].data_ptr()
+            versions[k] = tensors[k]._version
+        free(self.frozen_ptrs)
+        free(self.frozen_versions)
+        self.frozen_ptrs, self.frozen_versions = ptrs, versions
         self.frozen_contents = contents if contents is not None else [None] * len(tensors)
         self.frozen_indices = list(indices)
         if sess is not None:
@@ -847,6 +1175,7 @@ cdef class Runner:
         cdef Py_ssize_t i
         cdef bint static
         cdef list outs = []
+        cdef uintptr_t ptr
         for i in range(len(self.out_names)):
             shape = self.out_shapes[i]
             static = shape is not None
@@ -863,11 +1192,16 @@ cdef class Runner:
                 last = b.outputs[i]
                 if (last is not None
                         and (static or (last.shape == shape and last.nbytes <= self.recycle_max_bytes))
-                        and _unobservable(last, b.bound_out_ptrs[i])):
+                        and _unobservable(last, b.bound_out_ptrs[i], self.c_out_raw[i] if static else 0)):
                     outs.append(last)
                     continue
             out = empty_like(self.out_templates[i]) if static else self.out_templates[i].new_empty(shape)
-            ptr = _data_ptr_of(out) or self.scratch_ptr
+            if static and self.c_out_raw[i]:
+                ptr = _raw_data_ptr(out, self.c_out_raw[i])
+            else:
+                ptr = _data_ptr_of(out)
+                if ptr == 0:
+                    ptr = self.scratch_ptr
             if b.iob is None:
                 b.set_output(i, ptr, shape, self.out_elem_types[i], self.out_itemsizes[i])
             else:
@@ -883,23 +1217,66 @@ cdef class Runner:
         tensor argument in one C++ call: only pointers (and dynamic sizes) remain to bind."""
         cdef Py_ssize_t i
         cdef int kind
+        cdef uintptr_t ptr
         for i in range(self.n_args):
-            kind = self.kinds[i]
+            kind = self.c_kinds[i]
             a = args[i]
             if kind != K_TENSOR:
-                self._write_scalar(b, i, kind, a)
-            elif self.in_static[i]:
-                ptr = _data_ptr_of(a) or self.scratch_ptr
+                if kind != K_FROZEN and kind != K_UNUSED:
+                    self._write_scalar(b, i, kind, a)
+            elif self.c_static[i]:
+                if self.c_in_raw[i]:  # the guard checked a plain dense tensor with elements
+                    ptr = _raw_data_ptr(a, self.c_in_raw[i])
+                else:
+                    ptr = _data_ptr_of(a)
+                    if ptr == 0:
+                        ptr = self.scratch_ptr
                 if ptr != b.bound_ptrs[i]:
                     self._bind_input(b, i, self.in_shapes[i], ptr)
             else:
                 if not a.is_contiguous():  # dynamic dims: the guard does not check strides
                     return self._bind_validated(b, args)
                 shape = a.shape
-                ptr = _data_ptr_of(a) or self.scratch_ptr
+                ptr = _data_ptr_of(a)
+                if ptr == 0:
+                    ptr = self.scratch_ptr
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
         return None
+
+    cdef bint _raw_guarded(self, tuple args):
+        cdef Py_ssize_t k
+        for k in range(self.n_raw_checks):
+            if not _raw_matches(args[self.raw_checks[k].arg], &self.raw_checks[k]):
+                return False
+        return True
+
+    cdef _build_raw_checks(self, tuple args):
+        """From arguments that have just passed validation: a raw check (see _raw_matches) per
+        tensor argument, where every one is a static-shaped CPU tensor (a plain Tensor or
+        Parameter, with storage) of at most MAX_RAW_DIMS dims and the layouts checked out at
+        import."""
+        cdef Py_ssize_t i, k = 0
+        self.raw_tried = True
+        tensors = [i for i in range(self.n_args) if self.c_kinds[i] == K_TENSOR]
+        if not _raw_guard or not tensors or any(
+                not self.c_static[i] or self.in_device_index[i] != -1 or len(self.in_shapes[i]) > MAX_RAW_DIMS
+                or (type(args[i]) is not Tensor and type(args[i]) is not _Parameter)  # no subclass's own layout
+                or _storage_impl_of(_impl_of(args[i])) == NULL
+                for i in tensors):
+            return
+        checks = <RawCheck*>calloc(len(tensors), sizeof(RawCheck))
+        if checks == NULL:
+            raise MemoryError()
+        try:
+            for i in tensors:
+                _raw_check_of(&checks[k], args[i], i)
+                k += 1
+        except BaseException:
+            free(checks)
+            raise
+        self.raw_types = [type(args[i]) for i in tensors]
+        self.raw_checks, self.n_raw_checks = checks, len(tensors)
 
     cdef inline _write_scalar(self, _Binding b, Py_ssize_t i, int kind, a):
         """Python numbers go into 0-d buffers bound once; UNUSED arguments are ignored."""
@@ -916,7 +1293,7 @@ cdef class Runner:
             return args
         return tuple([args[i] for i in self.tensor_indices])
 
-    cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, ptr):
+    cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, uintptr_t ptr):
         if b.iob is None:
             b.set_input(self.feed_pos[i], ptr, shape, self.in_elem_types[i], self.in_itemsizes[i])
         else:
@@ -931,6 +1308,7 @@ cdef class Runner:
         cdef int kind
         cdef uintptr_t p
         cdef bint copied = False
+        cdef uintptr_t ptr
         keep_alive = []
         for i in range(self.n_args):
             kind = self.kinds[i]
@@ -947,14 +1325,19 @@ cdef class Runner:
                 if not a.is_contiguous():
                     a = a.contiguous()
                     keep_alive.append(a)
-                ptr = _data_ptr_of(a) or self.scratch_ptr
+                ptr = _data_ptr_of(a)
+                if ptr == 0:
+                    ptr = self.scratch_ptr
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
             else:
                 self._write_scalar(b, i, kind, a)
+        if not self.raw_tried and not keep_alive:
+            self._build_raw_checks(args)
         if self.guard is None and self.guard_factory is not None and not keep_alive:
             # Tensors like these pass the guard from now on: one C++ check for all.
             self.guard = self.guard_factory(self._tensor_args(args))
+            self.guard_check = self.guard.check if self.guard is not None else None
             self.guard_factory = None
         return keep_alive
 
@@ -992,6 +1375,11 @@ cdef class Runner:
     cdef _mismatch(self, Py_ssize_t i, a):
         from ortlite.runner import describe_mismatch
         raise describe_mismatch(self.name, i, self.in_names[i], self.in_dtypes[i], self.in_device_index[i], self.in_shapes[i], a)
+
+    @property
+    def raw_guarded(self):
+        """Whether the guarded path checks arguments from their TensorImpls (not TensorGuards)."""
+        return self.raw_checks != NULL
 
     @property
     def uses_c_api(self):

@@ -81,6 +81,9 @@ def test_guarded_fast_path_still_catches_changed_arguments():
     x, y = torch.randn(8, 8), torch.randn(8, 8)
     for _ in range(3):  # the first validated call builds the guard; the next ones use it
         torch.testing.assert_close(runner(x, y)[0], torch.relu(x * x + y))
+    from ortlite import _fast
+
+    assert runner.raw_guarded == (_fast.RAW_GUARD_LAYOUT is True)  # (test_raw_tensor_layout_found: on 2.13)
     xt = torch.randn(8, 8).t()
     torch.testing.assert_close(runner(xt, y)[0], torch.relu(xt * xt + y))
     y2 = torch.randn(8, 8, requires_grad=True)
@@ -93,3 +96,29 @@ def test_guarded_fast_path_still_catches_changed_arguments():
         runner(x, 3)
     x.data = torch.randn(8, 8)  # same object, new memory: rebound by pointer
     torch.testing.assert_close(runner(x, y)[0], torch.relu(x * x + y))
+    base = torch.randn(100)
+    xo = base[5:69].view(8, 8)  # at a storage offset
+    torch.testing.assert_close(runner(xo, y)[0], torch.relu(xo * xo + y))
+    xe = torch.randn(8, 1).expand(8, 8)  # stride 0
+    torch.testing.assert_close(runner(xe, y)[0], torch.relu(xe * xe + y))
+    with torch.inference_mode():
+        xi = torch.randn(8, 8)  # other dispatch keys
+    torch.testing.assert_close(runner(xi, y)[0], torch.relu(xi * xi + y))
+    xp = torch.nn.Parameter(torch.randn(8, 8), requires_grad=False)  # another type
+    torch.testing.assert_close(runner(xp, y)[0], torch.relu(xp * xp + y))
+    x.resize_(4, 16)  # same object, metadata changed in place
+    with pytest.raises(ValueError, match="shape"):
+        runner(x, y)
+    x.resize_(8, 8)
+    torch.testing.assert_close(runner(x, y)[0], torch.relu(x * x + y))
+
+
+@pytest.mark.skipif(not torch.__version__.startswith("2.13."), reason="layouts checked on the torch ortlite is tested on")
+def test_raw_tensor_layout_found():
+    """The recycling check and the guarded path read use counts, data pointers and the guard's
+    fields (type, dispatch keys, dtype, sizes, strides) from
+    torch's objects where the offsets check out at import (else through torch's accessors):
+    on the tested torch they must, or the hot path silently got slower."""
+    from ortlite import _fast
+
+    assert _fast.RAW_LAYOUT is True and _fast.RAW_DATA_LAYOUT is True and _fast.RAW_GUARD_LAYOUT is True
