@@ -86,3 +86,121 @@ def test_max_pool_nan_branches(dtype):
     for inp in cases:
         assert_same(f(inp), fn(inp), rtol=0, atol=0)
     assert backend.stats.fallback_ops == {} and backend.stats.sessions == 1, backend.stats
+
+
+# -- attention -------------------------------------------------------------------------
+
+FMIN = torch.finfo(torch.float32).min
+
+
+def _sdpa(q, k, v, mask=None, causal=False, scale=None):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[0]
+
+
+class Attend(torch.nn.Module):
+    def __init__(self, causal=False, scale=None, gqa=False):
+        super().__init__()
+        self.causal, self.scale, self.gqa = causal, scale, gqa
+
+    def forward(self, q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal, scale=self.scale, enable_gqa=self.gqa)
+
+
+def _fmin_rows(mask, rows):
+    mask = mask.clone()
+    mask[..., rows, :] = FMIN
+    return mask
+
+
+ATTENTION_CASES = {
+    # name: (module, q shape, kv shape (k and v), mask shape or None, masks to call with too)
+    "plain": (Attend(), (2, 4, 7, 16), (2, 4, 7, 16), None),
+    "scale": (Attend(scale=0.3), (2, 4, 7, 16), (2, 4, 7, 16), None),
+    "causal": (Attend(causal=True), (1, 4, 7, 16), (1, 4, 7, 16), None),
+    "causal, query longer": (Attend(causal=True), (1, 4, 9, 16), (1, 4, 5, 16), None),
+    "causal, keys longer": (Attend(causal=True), (1, 4, 3, 16), (1, 4, 8, 16), None),
+    "grouped heads": (Attend(causal=True, gqa=True), (2, 8, 6, 16), (2, 2, 6, 16), None),
+    "one query": (Attend(), (2, 4, 1, 16), (2, 4, 9, 16), None),
+    "one key": (Attend(), (2, 4, 5, 16), (2, 4, 1, 16), None),
+    "mask (B,1,S,S)": (Attend(), (2, 4, 7, 16), (2, 4, 7, 16), (2, 1, 7, 7)),
+    "mask (B,1,1,S)": (Attend(), (2, 4, 7, 16), (2, 4, 9, 16), (2, 1, 1, 9)),
+    "mask (S,S)": (Attend(), (2, 4, 7, 16), (2, 4, 7, 16), (7, 7)),
+    "mask per head": (Attend(), (2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 7)),
+    "mask, causal": (Attend(causal=True), (2, 4, 7, 16), (2, 4, 7, 16), (2, 1, 7, 7)),
+    "mask, grouped heads": (Attend(gqa=True), (2, 4, 7, 16), (2, 2, 7, 16), (2, 1, 7, 7)),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention_is_onnx_attention_and_matches_eager(case):
+    """Inference graphs (AOT, float32, CPU) get ONNX Attention (opset 23), which ONNX
+    Runtime runs as one kernel; values as eager's on odd inputs: fully masked rows (-inf:
+    aten's zeros; the lowest float: aten's uniform weights, which the fused kernel zeroes,
+    so those calls take the written-out ops), a NaN in the mask, one query, one key."""
+    module, q_shape, kv_shape, mask_shape = ATTENTION_CASES[case]
+    torch.manual_seed(0)
+    q, k, v = torch.randn(q_shape), torch.randn(kv_shape), torch.randn(kv_shape)
+    args = (q, k, v) if mask_shape is None else (q, k, v, torch.randn(mask_shape))
+    with torch.no_grad():
+        compiled = ortlite.compile(module, args)
+    assert compiled.onnx_model.opset_import[0].version == 23
+    ops = optimized_ops(compiled.onnx_model)
+    assert ops["Attention"] + ops["If"] == 1 and ops["Softmax"] == 0, ops
+    calls = [args]
+    if mask_shape is not None:
+        m = args[3]
+        rows = [0, m.shape[-2] - 1] if m.shape[-2] > 1 else [0]
+        calls += [
+            (q, k, v, _fmin_rows(m, rows)),  # rows of the lowest float: the written-out ops
+            (q, k, v, m.index_fill(-2, torch.tensor(rows), float("-inf"))),
+            (q, k, v, torch.full_like(m, FMIN)),
+            (q, k, v, torch.full_like(m, float("-inf"))),
+            # (a NaN in the mask where the causal mask hides it: aten's rows are NaN or not
+            # by its kernel's blocks; neither the fused nor the written-out ops follow them)
+            *([] if module.causal else [(q, k, v, m.masked_fill(m > 1.0, float("nan")))]),
+            (q, k, v, m.masked_fill(m > 0.5, FMIN)),  # the lowest float in places: fused
+            (q, k, v, torch.full_like(m, -1e30)),
+        ]
+    for call in calls:
+        assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_with_symbolic_sizes_under_torch_compile():
+    """torch.compile, no_grad, dynamic: the fused kernel with symbolic batch and lengths."""
+    module = Attend(causal=True, gqa=True)
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    f = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        for b, s, t in [(2, 5, 5), (3, 3, 8), (2, 9, 4)]:
+            q, k, v = torch.randn(b, 4, s, 16), torch.randn(b, 2, t, 16), torch.randn(b, 2, t, 16)
+            for x in (q, k, v):  # sizes but the head count and head size
+                torch._dynamo.mark_dynamic(x, 0)
+                torch._dynamo.mark_dynamic(x, 2)
+            assert_same(f(q, k, v), module(q, k, v), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs == 1, backend.stats
+
+
+def test_attention_training_keeps_written_out_ops_and_gradients():
+    """With gradients the forward keeps its logsumexp for the backward: no fused kernel, and
+    the gradients are eager's."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 16, requires_grad=True) for _ in range(3))
+    mask = torch.randn(2, 1, 6, 6)
+    twins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    out = torch.compile(Attend(causal=True), backend=backend)(q, k, v, mask)
+    out.sum().backward()
+    expected = Attend(causal=True)(*twins, mask)
+    expected.sum().backward()
+    assert_same(out.detach(), expected.detach(), rtol=1e-5, atol=1e-5)
+    assert_same([t.grad for t in (q, k, v)], [t.grad for t in twins], rtol=1e-5, atol=1e-5)
+    assert backend.stats.graphs == 2 and backend.stats.fallback_ops == {}
+
+
+def test_attention_below_opset_23_is_written_out():
+    q = torch.randn(1, 2, 5, 8)
+    with torch.no_grad():
+        compiled = ortlite.compile(Attend(), (q, q, q), options=ortlite.Options(opset=19))
+    assert compiled.onnx_model.opset_import[0].version == 19
+    assert not any(n.op_type == "Attention" for n in compiled.onnx_model.graph.node)
+    assert_same(compiled(q, q, q), Attend()(q, q, q))
