@@ -204,3 +204,80 @@ def test_attention_below_opset_23_is_written_out():
     assert compiled.onnx_model.opset_import[0].version == 19
     assert not any(n.op_type == "Attention" for n in compiled.onnx_model.graph.node)
     assert_same(compiled(q, q, q), Attend()(q, q, q))
+
+
+# -- RMSNorm -----------------------------------------------------------------------------
+
+
+class RMSNorm(torch.nn.Module):
+    """LLaMA's (transformers' LlamaRMSNorm): weight * (x * rsqrt(mean(x^2) + eps))."""
+
+    def __init__(self, size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(size) + 0.5)
+        self.eps = eps
+
+    def forward(self, x):
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+class TwoNorms(torch.nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.a, self.b, self.linear = RMSNorm(size), RMSNorm(size, eps=1e-5), torch.nn.Linear(size, size)
+
+    def forward(self, x):
+        return self.b(self.linear(self.a(x)) + x)
+
+
+def test_rms_norm_is_one_kernel_and_matches_eager():
+    """The aten pattern of RMSNorm becomes ONNX Runtime's SimplifiedLayerNormalization (its
+    graph optimizer fuses only a Pow/Div spelling); values as eager's on odd rows: zeros,
+    an infinity, a NaN, values whose squares overflow, tiny values."""
+    torch.manual_seed(0)
+    model = TwoNorms(64).eval()
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        compiled = ortlite.compile(model, (x,))
+    ops = optimized_ops(compiled.onnx_model)
+    assert ops["SimplifiedLayerNormalization"] == 2 and ops["Sqrt"] == 0 and ops["ReduceMean"] == 0, ops
+    odd = x.clone()
+    odd[0, 0] = 0.0
+    odd[0, 1, 3] = float("inf")
+    odd[0, 2, 5] = float("nan")
+    odd[1, 0] *= 1e20
+    odd[1, 1] *= 1e-20
+    for inp in (x, odd):
+        assert_same(compiled(inp), model(inp), rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_in_training_keeps_its_ops_and_gradients():
+    """A training graph saves the norm's intermediate values for the backward: not fused."""
+    torch.manual_seed(0)
+    model = RMSNorm(32)
+    x = torch.randn(3, 32, requires_grad=True)
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    out = torch.compile(model, backend=backend)(x)
+    out.sum().backward()
+    twin = x.detach().clone().requires_grad_()
+    expected = model(twin)
+    grad_w = model.weight.grad.clone()
+    model.weight.grad = None
+    expected.sum().backward()
+    assert_same(out.detach(), expected.detach(), rtol=1e-5, atol=1e-5)
+    assert_same([x.grad, grad_w], [twin.grad, model.weight.grad], rtol=1e-5, atol=1e-5)
+    assert backend.stats.graphs == 2 and backend.stats.fallback_ops == {}
+
+
+def test_rms_norm_under_torch_compile_with_frozen_and_bound_weights():
+    torch.manual_seed(0)
+    model = TwoNorms(32).eval()
+    x = torch.randn(4, 32)
+    for freeze in (True, False):
+        torch._dynamo.reset()
+        backend = ortlite.Backend(ortlite.Options(fallback="error", freeze_weights=freeze))
+        with torch.no_grad():
+            assert_same(torch.compile(model, backend=backend)(x), model(x), rtol=1e-5, atol=1e-5)
+        assert backend.stats.fallback_ops == {}
