@@ -281,3 +281,21 @@ def test_rms_norm_under_torch_compile_with_frozen_and_bound_weights():
         with torch.no_grad():
             assert_same(torch.compile(model, backend=backend)(x), model(x), rtol=1e-5, atol=1e-5)
         assert backend.stats.fallback_ops == {}
+
+
+def test_cat_with_an_empty_part_copies_nothing():
+    """An empty KV cache's first update (GPT-2's): the empty part is left out, no Concat."""
+    fn = lambda cache, k: torch.cat([cache, k], -2) * 2  # noqa: E731
+    cache, k = torch.randn(1, 4, 0, 8), torch.randn(1, 4, 5, 8)
+    compiled = ortlite.compile(_Fn(fn), (cache, k))
+    assert not any(n.op_type == "Concat" for n in compiled.onnx_model.graph.node)
+    assert_same(compiled(cache, k), fn(cache, k))
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
