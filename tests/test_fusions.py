@@ -299,3 +299,17 @@ class _Fn(torch.nn.Module):
 
     def forward(self, *args):
         return self.fn(*args)
+
+
+def test_max_pool_with_indices_of_windows_of_minus_inf():
+    """The indices path (training graphs) keeps the inline fixes: -inf-only windows are
+    -inf (ONNX Runtime's float32 MaxPool: the lowest float), indices as aten's."""
+    fn = lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True)  # noqa: E731
+    x = torch.randn(1, 2, 7, 7)
+    x[0, 0] = float("-inf")
+    x[0, 1, :3, :3] = float("-inf")
+    x[0, 1, 4, 4] = float("nan")
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    got, expected = torch.compile(fn, backend=backend)(x), fn(x)
+    assert_same(got, expected, rtol=0, atol=0)
+    assert backend.stats.fallback_ops == {}

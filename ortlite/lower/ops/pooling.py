@@ -181,16 +181,19 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
         v = b.op("Where", all_neg_inf, b.const(float("-inf"), x.dtype), values)
         return b.op("Where", has_nan, b.const(float("nan"), x.dtype), v)
 
-    if not any(user.args[1] == 1 for user in node.users):
+    if not any(user.args[1] == 1 for user in node.users) and arg_val(node, 0).device.type == "cpu":
         # The fixes only where x holds a NaN or a -inf (its sum is NaN or -inf then; a false
         # alarm, an overflow, takes the exact branch too): the MaxPool stays where ONNX
-        # Runtime's NCHWc transform puts it, beside the convolutions around it
+        # Runtime's NCHWc transform puts it, beside the convolutions around it. (On CPU: an
+        # If's condition is read on the host, a device sync elsewhere.)
         total = g.op("ReduceSum", original, keepdims=0)
         flag = g.op("Not", g.op("Greater", total, g.const(float("-inf"), x.dtype)))
         (values,) = g.if_(flag, lambda b: [fixed(b, last_nan_of(b)[1])], lambda b: [values], [Value(values, x.dtype, ())])
         return _unbatch(g, values, unbatched), None
     last_nan, has_nan = last_nan_of(g)
     values = fixed(g, has_nan)
+    if not any(user.args[1] == 1 for user in node.users):
+        return _unbatch(g, values, unbatched), None
     # ONNX numbers indices over the whole (padded) tensor, aten within each plane
     _, onnx_indices = g.op("MaxPool", x, outputs=2, **attrs)
     padded = [n + p + t for n, p, t in zip(sizes, lead, tail)]
