@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import torch
 from onnx import helper, numpy_helper
 
 
@@ -19,13 +20,11 @@ def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     1-D float32 initializer or graph input, x float32 with the mean over its last axis.
     known: value name -> (torch dtype, rank), for the values lowering made (FX nodes').
     Returns the number of norms fused."""
-    import torch
 
     initializers = {t.name: t for t in graph.initializer}
     input_ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in graph.input if i.type.tensor_type.HasField("shape")}
     input_types = {i.name: i.type.tensor_type.elem_type for i in graph.input}
     outputs = {o.name for o in graph.output}
-    producer = {o: n for n in graph.node for o in n.output}
     consumers: dict[str, list] = {}
     for n in graph.node:
         for i in n.input:
