@@ -350,3 +350,24 @@ def test_add_before_layer_norm_stays_two_ops_on_cpu():
     assert ops["SkipLayerNormalization"] == 0 and ops["LayerNormalization"] == 1, ops
     report = ortlite.explain(model, x)  # explain's optimized graph is the session's
     assert all("SkipLayerNormalization" not in line for line in report.table(fusions=True).splitlines())
+
+
+def test_attention_mask_check_with_symbolic_sizes():
+    """The mask check (rows nowhere above -1e30 take the written-out ops) with symbolic
+    batch and lengths, the mask a graph input broadcast over heads and queries."""
+    module = Attend()
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    f = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        for b, s, t in [(2, 5, 5), (3, 3, 8), (2, 9, 4)]:
+            q, k, v = torch.randn(b, 4, s, 16), torch.randn(b, 4, t, 16), torch.randn(b, 4, t, 16)
+            mask = torch.zeros(b, 1, 1, t)
+            mask[0, ..., 1:] = FMIN  # batch 0 sees key 0 only
+            for x in (q, k, v, mask):
+                torch._dynamo.mark_dynamic(x, 0)
+            for x in (q, k, v):
+                torch._dynamo.mark_dynamic(x, 2)
+            torch._dynamo.mark_dynamic(mask, 3)
+            for m in (mask, torch.full_like(mask, FMIN), mask.masked_fill(mask == 0, float("-inf"))):
+                assert_same(f(q, k, v, m), module(q, k, v, m), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {}, backend.stats
