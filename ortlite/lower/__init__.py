@@ -12,6 +12,7 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
+from .fusions import fuse_rms_norm
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
@@ -153,7 +154,10 @@ def lower_graph(
     # MatMulScaleFusion folds a scale into MatMul as a float32 attribute: a float64 graph
     # would then differ from aten by ~1e-8 (seen in attention: scores * 1/sqrt(d)).
     disabled = ("MatMulScaleFusion",) if torch.float64 in g.dtypes else ()
-    return LoweredGraph(g.model(), inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures)
+    model = g.model()
+    known = {str(v): (v.dtype, v.rank) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
+    fuse_rms_norm(model.graph, known)
+    return LoweredGraph(model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures)
 
 
 def _deferred_int_input(g: GraphBuilder, name: str, inputs: list, index: int):

@@ -346,6 +346,20 @@ class GraphBuilder:
         names = names if isinstance(names, tuple) else (names,)
         return tuple(Value(n, v.dtype, v.shape) for n, v in zip(names, carried))
 
+    def if_(self, condition: str, then_body, else_body, like: Sequence[Value]) -> tuple[str, ...]:
+        """ONNX If on a 0-d bool: each body(b) returns values of the dtypes of `like`, built
+        with b (a builder for the branch graph, reading the outer graph's values). Only the
+        branch taken runs; ONNX Runtime optimizes each branch (and the outer graph, whose
+        values a branch reads stay in the outer graph's layout)."""
+        branches = []
+        for body in (then_body, else_body):
+            b = _BodyBuilder(self)
+            outs = [b.op("Identity", v) if v not in b.produced else v for v in body(b)]
+            info = [helper.make_tensor_value_info(n, TORCH_TO_ONNX[v.dtype], None) for n, v in zip(outs, like)]
+            branches.append(helper.make_graph(b.nodes, self.fresh("branch"), [], info))
+        names = self.op("If", condition, outputs=len(like), then_branch=branches[0], else_branch=branches[1])
+        return names if isinstance(names, tuple) else (names,)
+
     def add_input(self, name: str, dtype: torch.dtype, shape: Sequence) -> None:
         self._used.add(name)
         self.dtypes.add(dtype)

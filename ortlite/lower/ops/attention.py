@@ -1,17 +1,34 @@
-"""Scaled dot-product attention (the CPU flash kernels' forward and backward) written out
-in ONNX ops: MatMul, Softmax, masks. Kept whole: the core decomposition of the forward
-gives training gradients that differ from eager (see decomp.py)."""
+"""Scaled dot-product attention (the CPU flash kernels' forward and backward): on CPU in
+float32, inference graphs get ONNX's fused Attention (opset 23); the rest, and rows that
+kernel treats otherwise than aten, are written out in ONNX ops: MatMul, Softmax, masks.
+Kept whole: the core decomposition of the forward gives training gradients that differ
+from eager (see decomp.py)."""
 
 from __future__ import annotations
 
 import math
 import operator
 
+import onnxruntime
 import torch
 
-from ..builder import TORCH_TO_ONNX
+from ...options import DEFAULT_OPSET
+from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import aten, arg_val, is_float
+from .common import any_true, aten, arg_val, is_float, may_be_zero
+
+FUSED_OPSET = 23  # ONNX Attention
+
+
+def _ort_version() -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in onnxruntime.__version__.split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
+# ONNX Runtime's CPU Attention as measured against aten (tests/test_fusions.py): 1.31
+FUSED_ATTENTION_ORT = _ort_version() >= (1, 31)
 
 
 def _shapes_check(q, k, dropout_p) -> str | None:
@@ -76,8 +93,67 @@ def _scores(g, q, k, scale, is_causal, attn_mask):
     return scores, k, scale
 
 
+def _fused_ok(g, node, q, k, attn_mask) -> bool:
+    """ONNX's Attention computes what aten does for these arguments (float32 on CPU; no
+    logsumexp wanted: inference graphs; no empty size; a float mask of rank <= 4), and this
+    graph may be opset 23 (the default opset is raised to it; an opset chosen below 23 keeps
+    the ops written out)."""
+    if not FUSED_ATTENTION_ORT or not (g.opset >= FUSED_OPSET or g.opset == DEFAULT_OPSET):
+        return False
+    if q.dtype != torch.float32 or arg_val(node, 0).device.type != "cpu" or k.dtype != torch.float32:
+        return False
+    if any(user.args[1] == 1 for user in node.users if user.target is operator.getitem):
+        return False
+    if any(may_be_zero(d) for d in (*q.shape, *k.shape)):
+        return False
+    return attn_mask is None or (attn_mask.dtype == torch.float32 and 1 <= attn_mask.rank <= 4)
+
+
+def _same(a, b) -> bool:
+    """Sizes known equal without a guard (ints, or the same symbolic size)."""
+    return a is b or (isinstance(a, int) and isinstance(b, int) and a == b)
+
+
+def _fused(g, q, k, v, is_causal, attn_mask, scale):
+    """ONNX Attention (4-d q, k, v as aten's: grouped heads and a top-left causal mask as
+    aten's). Its CPU kernel gives zeros for a row whose masked scores all are the lowest
+    float (aten: their softmax, uniform weights); rows whose mask (where the causal mask
+    allows) is nowhere above -1e30 or NaN take the written-out ops instead, in an If."""
+    g.opset = max(g.opset, FUSED_OPSET)
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
+    attrs = dict(scale=float(scale), is_causal=int(bool(is_causal)))
+    if attn_mask is None:
+        return g.op("Attention", q, k, v, **attrs)
+    length, source = q.shape[2], k.shape[2]
+    # the kernel takes masks whose last two sizes are the query and key lengths
+    mask = attn_mask
+    if attn_mask.rank != 4 or not _same(attn_mask.shape[2], length) or not _same(attn_mask.shape[3], source):
+        mask = g.op("Expand", attn_mask, g.shape([1, 1, length, source]))
+    allowed = mask
+    if is_causal:
+        allowed = g.op("Where", _causal_allowed(g, length, source), mask, g.const(float("-inf"), q.dtype))
+    row_max = g.op("ReduceMax", allowed, g.ints([-1]), keepdims=0)
+    odd_rows = any_true(g, g.op("Not", g.op("GreaterOrEqual", row_max, g.const(-1e30, q.dtype))))
+    like = [Value("", q.dtype, ())]
+    (out,) = g.if_(
+        odd_rows,
+        lambda b: [_written_out(b, q, k, v, is_causal, attn_mask, scale, False)[0]],
+        lambda b: [b.op("Attention", q, k, v, mask, **attrs)],
+        like,
+    )  # fmt: skip
+    return out
+
+
 @lower(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_sdpa_check)
 def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if _fused_ok(g, node, q, k, attn_mask):
+        return _fused(g, q, k, v, is_causal, attn_mask, scale), None
+    lse_used = any(user.args[1] == 1 for user in node.users if user.target is operator.getitem)
+    out, lse = _written_out(g, q, k, v, is_causal, attn_mask, scale, lse_used)
+    return out, (None if lse is None else g.op("Cast", lse, to=TORCH_TO_ONNX[node.meta["val"][1].dtype]))
+
+
+def _written_out(g, q, k, v, is_causal, attn_mask, scale, lse_used):
     scores, _, _ = _scores(g, q, k, scale, is_causal, attn_mask)
     v = _repeat_heads(g, v, q.shape[1])
     minus_inf = g.const(float("-inf"), q.dtype)
@@ -86,13 +162,11 @@ def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mas
     masked_row = g.op("Equal", row_max, minus_inf)
     probs = g.op("Where", masked_row, g.const(0.0, q.dtype), g.op("Softmax", scores, axis=-1))
     out = g.op("MatMul", probs, v)
-    if not any(user.args[1] == 1 for user in node.users if user.target is operator.getitem):
+    if not lse_used:
         return out, None
     lse = g.op("ReduceLogSumExp", scores, g.ints([-1]), keepdims=1)
     lse = g.op("Where", masked_row, g.const(0.0, q.dtype), lse)
-    lse = g.op("Squeeze", lse, g.ints([-1]))
-    lse_dtype = node.meta["val"][1].dtype
-    return out, g.op("Cast", lse, to=TORCH_TO_ONNX[lse_dtype])
+    return out, g.op("Squeeze", lse, g.ints([-1]))
 
 
 def _sdpa_backward_check(node):

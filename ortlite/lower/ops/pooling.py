@@ -151,7 +151,7 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
     sizes = list(x.shape[-spatial:])
     plane = math.prod(sizes)
     positions = torch.arange(1, plane + 1, dtype=torch.float32).view(sizes)
-    nan_at = g.op("Where", g.op("IsNaN", x), g.const(positions), g.const(0.0, torch.float32))
+    original = x
     # ONNX Runtime takes pads smaller than the kernel only: longer ones (dilated kernels, a
     # ceil_mode tail) are padded onto the input first (-inf, never a window's max)
     lead = [b if b >= k else 0 for b, k in zip(begins, kernel)]
@@ -159,16 +159,39 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
     if any(lead + tail):
         begins = [b - p for b, p in zip(begins, lead)]
         ends = [e - t for e, t in zip(ends, tail)]
-        nan_at = _grow(g, nan_at, x.shape, lead, tail, 0.0, torch.float32)
         x = Value(_grow(g, x, x.shape, lead, tail, float("-inf"), x.dtype), x.dtype, ())
     attrs = dict(kernel_shape=kernel, strides=strides, dilations=dilations, pads=begins + ends)
     values = g.op("MaxPool", x, **attrs)
-    # ONNX Runtime's MaxPool keeps NaN only when a window starts with it; aten's window
-    # max is NaN when any element is, and its index is the window's last NaN. A max-pool
-    # of (position + 1) where x is NaN finds both.
-    last_nan = g.op("MaxPool", nan_at, **attrs)
-    has_nan = g.op("Greater", last_nan, g.const(0.0, torch.float32))
-    values = g.op("Where", has_nan, g.const(float("nan"), x.dtype), values)
+
+    def last_nan_of(b):
+        # ONNX Runtime's MaxPool keeps NaN only when a window starts with it; aten's window
+        # max is NaN when any element is, and its index is the window's last NaN. A max-pool
+        # of (position + 1) where x is NaN finds both.
+        nan_at = b.op("Where", b.op("IsNaN", original), b.const(positions), b.const(0.0, torch.float32))
+        if any(lead + tail):
+            nan_at = _grow(b, nan_at, original.shape, lead, tail, 0.0, torch.float32)
+        last_nan = b.op("MaxPool", nan_at, **attrs)
+        return last_nan, b.op("Greater", last_nan, b.const(0.0, torch.float32))
+
+    def fixed(b, has_nan):
+        # a window of -inf only (beside the padding) is -inf in aten, the lowest float in
+        # ONNX Runtime's float32 MaxPool; NaN where a window holds one
+        above = b.op("Cast", b.op("Greater", x, b.const(float("-inf"), x.dtype)), to=TORCH_TO_ONNX[x.dtype])
+        all_neg_inf = b.op("Equal", b.op("MaxPool", above, **attrs), b.const(0.0, x.dtype))
+        v = b.op("Where", all_neg_inf, b.const(float("-inf"), x.dtype), values)
+        return b.op("Where", has_nan, b.const(float("nan"), x.dtype), v)
+
+    if not any(user.args[1] == 1 for user in node.users) and arg_val(node, 0).device.type == "cpu":
+        # The fixes only where x holds a NaN or a -inf (its sum is NaN or -inf then; a false
+        # alarm, an overflow, takes the exact branch too): the MaxPool stays where ONNX
+        # Runtime's NCHWc transform puts it, beside the convolutions around it. (On CPU: an
+        # If's condition is read on the host, a device sync elsewhere.)
+        total = g.op("ReduceSum", original, keepdims=0)
+        flag = g.op("Not", g.op("Greater", total, g.const(float("-inf"), x.dtype)))
+        (values,) = g.if_(flag, lambda b: [fixed(b, last_nan_of(b)[1])], lambda b: [values], [Value(values, x.dtype, ())])
+        return _unbatch(g, values, unbatched), None
+    last_nan, has_nan = last_nan_of(g)
+    values = fixed(g, has_nan)
     if not any(user.args[1] == 1 for user in node.users):
         return _unbatch(g, values, unbatched), None
     # ONNX numbers indices over the whole (padded) tensor, aten within each plane

@@ -101,7 +101,13 @@ def cat(g, node, tensors, dim=0):
     parts = [g.cast(t, dtype) for t in tensors if not (_is_legacy_empty(t) and rank != 1)]
     if not parts:
         return g.op("Identity", g.cast(tensors[0], dtype))
-    return g.op("Concat", *parts, axis=norm_dim(dim, rank))
+    axis = norm_dim(dim, rank)
+    # parts of static size 0 along the axis add nothing (an empty KV cache's first update):
+    # without them a single part is not copied by a Concat
+    sized = [t for t in parts if not (isinstance(t.shape[axis], int) and t.shape[axis] == 0)]
+    if len(sized) == 1:
+        return g.op("Identity", sized[0])
+    return g.op("Concat", *(sized or parts), axis=axis)
 
 
 def _is_legacy_empty(t) -> bool:

@@ -1,0 +1,373 @@
+"""Graphs ONNX Runtime optimizes well: each test reads ONNX Runtime's optimized model (the
+fusion happened) and compares with eager on odd inputs (NaN, inf, edge sizes)."""
+
+import collections
+import os
+import tempfile
+
+import onnx
+import onnxruntime
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ortlite
+
+from conftest import assert_same
+
+
+def optimized_ops(model: onnx.ModelProto) -> collections.Counter:
+    """ONNX Runtime's optimized graph of model (CPU, all optimizations, one thread): op
+    counts of its main graph (not its If branches), "domain:op" for other domains."""
+    with tempfile.TemporaryDirectory() as tmp:
+        so = onnxruntime.SessionOptions()
+        so.log_severity_level = 4
+        so.intra_op_num_threads = 1
+        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        onnxruntime.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(so.optimized_model_filepath)
+    return collections.Counter((n.domain + ":" if n.domain else "") + n.op_type for n in optimized.graph.node)
+
+
+class ConvPool(torch.nn.Module):
+    """ResNet's stem: conv, batch norm, relu, 3x3/2 max pooling, then a conv with a residual."""
+
+    def __init__(self, pool=dict(kernel_size=3, stride=2, padding=1)):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 7, 2, 3, bias=False)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.pool = pool
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, 1, 1)
+
+    def forward(self, x):
+        y = F.max_pool2d(torch.relu(self.bn(self.conv(x))), **self.pool)
+        return torch.relu(self.conv2(y) + y)
+
+
+def _with(x, *values):
+    x = x.clone()
+    flat = x.view(-1)
+    for i, v in enumerate(values):
+        flat[(i * 7919) % flat.numel()] = v
+    return x
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, stride=2, ceil_mode=True), dict(kernel_size=3, dilation=2)],
+)
+def test_max_pool_stays_in_nchwc_and_propagates_nan(pool):
+    """aten's max pooling is NaN where a window holds a NaN; ONNX Runtime's MaxPool is not.
+    The fix runs only when the input holds a NaN (an If on its sum), so ONNX Runtime's
+    MaxPool stays in its NCHWc layout beside the convolutions and the BatchNorm folds."""
+    torch.manual_seed(0)
+    model = ConvPool(pool).eval()
+    x = torch.randn(1, 3, 33, 31)
+    with torch.no_grad():
+        compiled = ortlite.compile(model, (x,))
+        ops = optimized_ops(compiled.onnx_model)
+        assert ops["com.microsoft.nchwc:MaxPool"] == 1 and ops["MaxPool"] == 0, ops
+        assert ops["BatchNormalization"] == 0, ops
+        # the stem's input: NaN in a few places, +inf beside -inf (a NaN sum, no NaN
+        # window: the exact branch), infinities alone
+        odd = (_with(x, float("nan")), _with(x, float("inf"), float("-inf")), _with(x, float("inf")), _with(x, float("-inf"), float("nan")))
+        for inp in (x, *odd):
+            assert_same(compiled(inp), model(inp))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_max_pool_nan_branches(dtype):
+    """Both branches of the If, each dtype: windows with NaN (first, last, alone), -inf-only
+    windows in the padding, +inf beside -inf without NaN."""
+    fn = lambda x: F.max_pool2d(x, 3, 2, 1)  # noqa: E731
+    x = torch.randn(2, 3, 9, 8, dtype=dtype)
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    f = torch.compile(fn, backend=backend)
+    cases = [x, _with(x, float("nan")), _with(x, float("-inf"), float("inf")), torch.full_like(x, float("-inf")), torch.full_like(x, float("nan")),
+             _with(x, *[float("nan")] * 5, float("inf"))]  # fmt: skip
+    for inp in cases:
+        assert_same(f(inp), fn(inp), rtol=0, atol=0)
+    assert backend.stats.fallback_ops == {} and backend.stats.sessions == 1, backend.stats
+
+
+# -- attention -------------------------------------------------------------------------
+
+FMIN = torch.finfo(torch.float32).min
+
+
+def _sdpa(q, k, v, mask=None, causal=False, scale=None):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[0]
+
+
+class Attend(torch.nn.Module):
+    def __init__(self, causal=False, scale=None, gqa=False):
+        super().__init__()
+        self.causal, self.scale, self.gqa = causal, scale, gqa
+
+    def forward(self, q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal, scale=self.scale, enable_gqa=self.gqa)
+
+
+def _fmin_rows(mask, rows):
+    mask = mask.clone()
+    mask[..., rows, :] = FMIN
+    return mask
+
+
+ATTENTION_CASES = {
+    # name: (module, q shape, kv shape (k and v), mask shape or None, masks to call with too)
+    "plain": (Attend(), (2, 4, 7, 16), (2, 4, 7, 16), None),
+    "scale": (Attend(scale=0.3), (2, 4, 7, 16), (2, 4, 7, 16), None),
+    "causal": (Attend(causal=True), (1, 4, 7, 16), (1, 4, 7, 16), None),
+    "causal, query longer": (Attend(causal=True), (1, 4, 9, 16), (1, 4, 5, 16), None),
+    "causal, keys longer": (Attend(causal=True), (1, 4, 3, 16), (1, 4, 8, 16), None),
+    "grouped heads": (Attend(causal=True, gqa=True), (2, 8, 6, 16), (2, 2, 6, 16), None),
+    "one query": (Attend(), (2, 4, 1, 16), (2, 4, 9, 16), None),
+    "one key": (Attend(), (2, 4, 5, 16), (2, 4, 1, 16), None),
+    "mask (B,1,S,S)": (Attend(), (2, 4, 7, 16), (2, 4, 7, 16), (2, 1, 7, 7)),
+    "mask (B,1,1,S)": (Attend(), (2, 4, 7, 16), (2, 4, 9, 16), (2, 1, 1, 9)),
+    "mask (S,S)": (Attend(), (2, 4, 7, 16), (2, 4, 7, 16), (7, 7)),
+    "mask per head": (Attend(), (2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 7)),
+    "mask, causal": (Attend(causal=True), (2, 4, 7, 16), (2, 4, 7, 16), (2, 1, 7, 7)),
+    "mask, grouped heads": (Attend(gqa=True), (2, 4, 7, 16), (2, 2, 7, 16), (2, 1, 7, 7)),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+def test_attention_is_onnx_attention_and_matches_eager(case):
+    """Inference graphs (AOT, float32, CPU) get ONNX Attention (opset 23), which ONNX
+    Runtime runs as one kernel; values as eager's on odd inputs: fully masked rows (-inf:
+    aten's zeros; the lowest float: aten's uniform weights, which the fused kernel zeroes,
+    so those calls take the written-out ops), a NaN in the mask, one query, one key."""
+    module, q_shape, kv_shape, mask_shape = ATTENTION_CASES[case]
+    torch.manual_seed(0)
+    q, k, v = torch.randn(q_shape), torch.randn(kv_shape), torch.randn(kv_shape)
+    args = (q, k, v) if mask_shape is None else (q, k, v, torch.randn(mask_shape))
+    with torch.no_grad():
+        compiled = ortlite.compile(module, args)
+    assert compiled.onnx_model.opset_import[0].version == 23
+    ops = optimized_ops(compiled.onnx_model)
+    assert ops["Attention"] + ops["If"] == 1 and ops["Softmax"] == 0, ops
+    calls = [args]
+    if mask_shape is not None:
+        m = args[3]
+        rows = [0, m.shape[-2] - 1] if m.shape[-2] > 1 else [0]
+        calls += [
+            (q, k, v, _fmin_rows(m, rows)),  # rows of the lowest float: the written-out ops
+            (q, k, v, m.index_fill(-2, torch.tensor(rows), float("-inf"))),
+            (q, k, v, torch.full_like(m, FMIN)),
+            (q, k, v, torch.full_like(m, float("-inf"))),
+            # (a NaN in the mask where the causal mask hides it: aten's rows are NaN or not
+            # by its kernel's blocks; neither the fused nor the written-out ops follow them)
+            *([] if module.causal else [(q, k, v, m.masked_fill(m > 1.0, float("nan")))]),
+            (q, k, v, m.masked_fill(m > 0.5, FMIN)),  # the lowest float in places: fused
+            (q, k, v, torch.full_like(m, -1e30)),
+        ]
+    for call in calls:
+        assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_with_symbolic_sizes_under_torch_compile():
+    """torch.compile, no_grad, dynamic: the fused kernel with symbolic batch and lengths."""
+    module = Attend(causal=True, gqa=True)
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    f = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        for b, s, t in [(2, 5, 5), (3, 3, 8), (2, 9, 4)]:
+            q, k, v = torch.randn(b, 4, s, 16), torch.randn(b, 2, t, 16), torch.randn(b, 2, t, 16)
+            for x in (q, k, v):  # sizes but the head count and head size
+                torch._dynamo.mark_dynamic(x, 0)
+                torch._dynamo.mark_dynamic(x, 2)
+            assert_same(f(q, k, v), module(q, k, v), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs == 1, backend.stats
+
+
+def test_attention_training_keeps_written_out_ops_and_gradients():
+    """With gradients the forward keeps its logsumexp for the backward: no fused kernel, and
+    the gradients are eager's."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 16, requires_grad=True) for _ in range(3))
+    mask = torch.randn(2, 1, 6, 6)
+    twins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    out = torch.compile(Attend(causal=True), backend=backend)(q, k, v, mask)
+    out.sum().backward()
+    expected = Attend(causal=True)(*twins, mask)
+    expected.sum().backward()
+    assert_same(out.detach(), expected.detach(), rtol=1e-5, atol=1e-5)
+    assert_same([t.grad for t in (q, k, v)], [t.grad for t in twins], rtol=1e-5, atol=1e-5)
+    assert backend.stats.graphs == 2 and backend.stats.fallback_ops == {}
+
+
+def test_attention_below_opset_23_is_written_out():
+    q = torch.randn(1, 2, 5, 8)
+    with torch.no_grad():
+        compiled = ortlite.compile(Attend(), (q, q, q), options=ortlite.Options(opset=19))
+    assert compiled.onnx_model.opset_import[0].version == 19
+    assert not any(n.op_type == "Attention" for n in compiled.onnx_model.graph.node)
+    assert_same(compiled(q, q, q), Attend()(q, q, q))
+
+
+# -- RMSNorm -----------------------------------------------------------------------------
+
+
+class RMSNorm(torch.nn.Module):
+    """LLaMA's (transformers' LlamaRMSNorm): weight * (x * rsqrt(mean(x^2) + eps))."""
+
+    def __init__(self, size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(size) + 0.5)
+        self.eps = eps
+
+    def forward(self, x):
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+class TwoNorms(torch.nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.a, self.b, self.linear = RMSNorm(size), RMSNorm(size, eps=1e-5), torch.nn.Linear(size, size)
+
+    def forward(self, x):
+        return self.b(self.linear(self.a(x)) + x)
+
+
+def test_rms_norm_is_one_kernel_and_matches_eager():
+    """The aten pattern of RMSNorm becomes ONNX Runtime's SimplifiedLayerNormalization (its
+    graph optimizer fuses only a Pow/Div spelling); values as eager's on odd rows: zeros,
+    an infinity, a NaN, values whose squares overflow, tiny values."""
+    torch.manual_seed(0)
+    model = TwoNorms(64).eval()
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        compiled = ortlite.compile(model, (x,))
+    ops = optimized_ops(compiled.onnx_model)
+    assert ops["SimplifiedLayerNormalization"] == 2 and ops["Sqrt"] == 0 and ops["ReduceMean"] == 0, ops
+    odd = x.clone()
+    odd[0, 0] = 0.0
+    odd[0, 1, 3] = float("inf")
+    odd[0, 2, 5] = float("nan")
+    odd[1, 0] *= 1e20
+    odd[1, 1] *= 1e-20
+    for inp in (x, odd):
+        assert_same(compiled(inp), model(inp), rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_in_training_keeps_its_ops_and_gradients():
+    """A training graph saves the norm's intermediate values for the backward: not fused."""
+    torch.manual_seed(0)
+    model = RMSNorm(32)
+    x = torch.randn(3, 32, requires_grad=True)
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    out = torch.compile(model, backend=backend)(x)
+    out.sum().backward()
+    twin = x.detach().clone().requires_grad_()
+    expected = model(twin)
+    grad_w = model.weight.grad.clone()
+    model.weight.grad = None
+    expected.sum().backward()
+    assert_same(out.detach(), expected.detach(), rtol=1e-5, atol=1e-5)
+    assert_same([x.grad, grad_w], [twin.grad, model.weight.grad], rtol=1e-5, atol=1e-5)
+    assert backend.stats.graphs == 2 and backend.stats.fallback_ops == {}
+
+
+def test_rms_norm_under_torch_compile_with_frozen_and_bound_weights():
+    torch.manual_seed(0)
+    model = TwoNorms(32).eval()
+    x = torch.randn(4, 32)
+    for freeze in (True, False):
+        torch._dynamo.reset()
+        backend = ortlite.Backend(ortlite.Options(fallback="error", freeze_weights=freeze))
+        with torch.no_grad():
+            assert_same(torch.compile(model, backend=backend)(x), model(x), rtol=1e-5, atol=1e-5)
+        assert backend.stats.fallback_ops == {}
+
+
+def test_cat_with_an_empty_part_copies_nothing():
+    """An empty KV cache's first update (GPT-2's): the empty part is left out, no Concat."""
+    fn = lambda cache, k: torch.cat([cache, k], -2) * 2  # noqa: E731
+    cache, k = torch.randn(1, 4, 0, 8), torch.randn(1, 4, 5, 8)
+    compiled = ortlite.compile(_Fn(fn), (cache, k))
+    assert not any(n.op_type == "Concat" for n in compiled.onnx_model.graph.node)
+    assert_same(compiled(cache, k), fn(cache, k))
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def test_max_pool_with_indices_of_windows_of_minus_inf():
+    """The indices path (training graphs) keeps the inline fixes: -inf-only windows are
+    -inf (ONNX Runtime's float32 MaxPool: the lowest float), indices as aten's."""
+    fn = lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True)  # noqa: E731
+    x = torch.randn(1, 2, 7, 7)
+    x[0, 0] = float("-inf")
+    x[0, 1, :3, :3] = float("-inf")
+    x[0, 1, 4, 4] = float("nan")
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    got, expected = torch.compile(fn, backend=backend)(x), fn(x)
+    assert_same(got, expected, rtol=0, atol=0)
+    assert backend.stats.fallback_ops == {}
+
+
+# -- what ONNX Runtime is not let to fuse on CPU -------------------------------------------
+
+
+def test_add_before_layer_norm_stays_two_ops_on_cpu():
+    """ONNX Runtime 1.31's CPU SkipLayerNormalization takes 4-5x the time of the Add and
+    LayerNormalization it would replace: CPU sessions run without SkipLayerNormFusion
+    (C API sessions through their config, pybind ones through disabled_optimizers)."""
+    from ortlite.session import CPU_DISABLED_OPTIMIZERS
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear, self.norm = torch.nn.Linear(32, 32), torch.nn.LayerNorm(32)
+
+        def forward(self, x):
+            return self.norm(self.linear(x) + x)
+
+    model = Block().eval()
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        compiled = ortlite.compile(model, (x,))
+        assert_same(compiled(x), model(x))
+    assert optimized_ops(compiled.onnx_model)["com.microsoft:SkipLayerNormalization"] == 1  # what ORT would do
+    with tempfile.TemporaryDirectory() as tmp:
+        so = onnxruntime.SessionOptions()
+        so.log_severity_level = 4
+        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        so.add_session_config_entry("optimization.disable_specified_optimizers", ",".join(CPU_DISABLED_OPTIMIZERS))
+        onnxruntime.InferenceSession(compiled.onnx_model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        ops = collections.Counter(n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node)
+    assert ops["SkipLayerNormalization"] == 0 and ops["LayerNormalization"] == 1, ops
+    report = ortlite.explain(model, x)  # explain's optimized graph is the session's
+    assert all("SkipLayerNormalization" not in line for line in report.table(fusions=True).splitlines())
+
+
+def test_attention_mask_check_with_symbolic_sizes():
+    """The mask check (rows nowhere above -1e30 take the written-out ops) with symbolic
+    batch and lengths, the mask a graph input broadcast over heads and queries."""
+    module = Attend()
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    f = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        for b, s, t in [(2, 5, 5), (3, 3, 8), (2, 9, 4)]:
+            q, k, v = torch.randn(b, 4, s, 16), torch.randn(b, 4, t, 16), torch.randn(b, 4, t, 16)
+            mask = torch.zeros(b, 1, 1, t)
+            mask[0, ..., 1:] = FMIN  # batch 0 sees key 0 only
+            for x in (q, k, v, mask):
+                torch._dynamo.mark_dynamic(x, 0)
+            for x in (q, k, v):
+                torch._dynamo.mark_dynamic(x, 2)
+            torch._dynamo.mark_dynamic(mask, 3)
+            for m in (mask, torch.full_like(mask, FMIN), mask.masked_fill(mask == 0, float("-inf"))):
+                assert_same(f(q, k, v, m), module(q, k, v, m), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {}, backend.stats
