@@ -255,6 +255,20 @@ def test_rms_norm_is_one_kernel_and_matches_eager():
         assert_same(compiled(inp), model(inp), rtol=1e-5, atol=1e-5)
 
 
+def test_rms_norm_whose_weight_broadcasts_keeps_its_ops():
+    """A weight of one element (or one per row) broadcasts in aten; the fused kernel would
+    take it as the normalized size's: left unfused, eager's values."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 16)
+    for weight in (torch.rand(1) + 0.5, torch.rand(3, 1) + 0.5):
+        model = RMSNorm(16)
+        model.weight = torch.nn.Parameter(weight)
+        with torch.no_grad():
+            compiled = ortlite.compile(model, (x,))
+        assert optimized_ops(compiled.onnx_model)["SimplifiedLayerNormalization"] == 0
+        assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_rms_norm_in_training_keeps_its_ops_and_gradients():
     """A training graph saves the norm's intermediate values for the backward: not fused."""
     torch.manual_seed(0)

@@ -155,7 +155,7 @@ def lower_graph(
     # would then differ from aten by ~1e-8 (seen in attention: scores * 1/sqrt(d)).
     disabled = ("MatMulScaleFusion",) if torch.float64 in g.dtypes else ()
     model = g.model()
-    known = {str(v): (v.dtype, v.rank) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
+    known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
     return LoweredGraph(model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures)
 

@@ -17,12 +17,13 @@ def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     float32, which computes x / sqrt(mean(x * x) + eps) * w in float32: within an ulp or two
     of aten's). Only where each intermediate feeds the next alone (not a graph output, as
     the saved values of a training graph are), eps is a float32 scalar initializer and w a
-    1-D float32 initializer or graph input, x float32 with the mean over its last axis.
-    known: value name -> (torch dtype, rank), for the values lowering made (FX nodes').
+    1-D float32 initializer or graph input as long as x's last size (an int: a weight that
+    broadcasts is aten's, not the kernel's), x float32 with the mean over its last axis.
+    known: value name -> (torch dtype, shape), for the values lowering made (FX nodes').
     Returns the number of norms fused."""
 
     initializers = {t.name: t for t in graph.initializer}
-    input_ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in graph.input if i.type.tensor_type.HasField("shape")}
+    input_dims = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim] for i in graph.input if i.type.tensor_type.HasField("shape")}
     input_types = {i.name: i.type.tensor_type.elem_type for i in graph.input}
     outputs = {o.name for o in graph.output}
     consumers: dict[str, list] = {}
@@ -36,20 +37,20 @@ def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
             return None
         return users[0]
 
-    def float32_weight(name) -> bool:
+    def float32_weight(name, size: int) -> bool:
         if name in initializers:
             t = initializers[name]
-            return t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 1
-        return input_types.get(name) == onnx.TensorProto.FLOAT and input_ranks.get(name) == 1
+            return t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [size]
+        return input_types.get(name) == onnx.TensorProto.FLOAT and input_dims.get(name) == [size]
 
     fused, removed = [], set()
     for square in graph.node:
         if square.op_type != "Mul" or square.domain not in ("", "ai.onnx") or len(square.input) != 2 or square.input[0] != square.input[1]:
             continue
         x = square.input[0]
-        if x not in known or known[x][0] != torch.float32 or known[x][1] < 1:
+        if x not in known or known[x][0] != torch.float32 or not known[x][1] or type(known[x][1][-1]) is not int:
             continue
-        rank = known[x][1]
+        rank, size = len(known[x][1]), known[x][1][-1]
         mean = only_user(square.output[0], "ReduceMean")
         if mean is None or len(mean.input) != 2 or mean.input[1] not in initializers:
             continue
@@ -74,7 +75,7 @@ def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
         if weighted is None:
             continue
         w = weighted.input[0] if weighted.input[1] == scaled.output[0] else weighted.input[1]
-        if w == scaled.output[0] or not float32_weight(w):
+        if w == scaled.output[0] or not float32_weight(w, size):
             continue
         node = helper.make_node(
             "SimplifiedLayerNormalization", [x, w], [weighted.output[0]], name=weighted.name,  # its FX origin, as the Mul had
