@@ -541,18 +541,18 @@ def _find_raw_layout():
     return True
 
 
-RAW_LAYOUT = None  # True, or why the recycling check calls torch's accessors
-try:
-    RAW_LAYOUT = _find_raw_layout()
-except Exception as e:
-    RAW_LAYOUT = repr(e)
-_raw_counts = RAW_LAYOUT is True
-RAW_DATA_LAYOUT = None  # True, or why data pointers are read through torch's accessor
-if _raw_counts:
+def _verdict(find):
+    """find()'s verdict on a layout: True, or why not (what it found wrong, or what it raised)."""
     try:
-        RAW_DATA_LAYOUT = _find_data_layout()
+        return find()
     except Exception as e:
-        RAW_DATA_LAYOUT = repr(e)
+        return repr(e)
+
+
+RAW_LAYOUT = _verdict(_find_raw_layout)  # True, or why the recycling check calls torch's accessors
+_raw_counts = RAW_LAYOUT is True
+# True, or why data pointers are read through torch's accessor (None: counts not found)
+RAW_DATA_LAYOUT = _verdict(_find_data_layout) if _raw_counts else None
 _raw_data = RAW_DATA_LAYOUT is True
 
 
@@ -669,12 +669,8 @@ def _find_guard_layout():
     return True
 
 
-RAW_GUARD_LAYOUT = None  # True, or why the guarded path's check is TensorGuards'
-if _raw_data:
-    try:
-        RAW_GUARD_LAYOUT = _find_guard_layout()
-    except Exception as e:
-        RAW_GUARD_LAYOUT = repr(e)
+# True, or why the guarded path's check is TensorGuards' (None: data layout not found)
+RAW_GUARD_LAYOUT = _verdict(_find_guard_layout) if _raw_data else None
 _raw_guard = RAW_GUARD_LAYOUT is True
 
 
