@@ -7,7 +7,6 @@ from eager (see decomp.py)."""
 from __future__ import annotations
 
 import math
-import operator
 
 import onnxruntime
 import torch
@@ -15,7 +14,7 @@ import torch
 from ...options import DEFAULT_OPSET
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import any_true, aten, arg_val, is_float, may_be_zero
+from .common import any_true, aten, arg_val, indices_used, is_float, may_be_zero
 
 FUSED_OPSET = 23  # ONNX Attention
 
@@ -93,7 +92,7 @@ def _scores(g, q, k, scale, is_causal, attn_mask):
     return scores, k, scale
 
 
-def _fused_ok(g, node, q, k, attn_mask) -> bool:
+def _fused_ok(g, node, q, k, attn_mask, lse_used: bool) -> bool:
     """ONNX's Attention computes what aten does for these arguments (float32 on CPU; no
     logsumexp wanted: inference graphs; no empty size; a float mask of rank <= 4), and this
     graph may be opset 23 (the default opset is raised to it; an opset chosen below 23 keeps
@@ -102,7 +101,7 @@ def _fused_ok(g, node, q, k, attn_mask) -> bool:
         return False
     if q.dtype != torch.float32 or arg_val(node, 0).device.type != "cpu" or k.dtype != torch.float32:
         return False
-    if any(user.args[1] == 1 for user in node.users if user.target is operator.getitem):
+    if lse_used:
         return False
     if any(may_be_zero(d) for d in (*q.shape, *k.shape)):
         return False
@@ -146,9 +145,9 @@ def _fused(g, q, k, v, is_causal, attn_mask, scale):
 
 @lower(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_sdpa_check)
 def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    if _fused_ok(g, node, q, k, attn_mask):
+    lse_used = indices_used(node)
+    if _fused_ok(g, node, q, k, attn_mask, lse_used):
         return _fused(g, q, k, v, is_causal, attn_mask, scale), None
-    lse_used = any(user.args[1] == 1 for user in node.users if user.target is operator.getitem)
     out, lse = _written_out(g, q, k, v, is_causal, attn_mask, scale, lse_used)
     return out, (None if lse is None else g.op("Cast", lse, to=TORCH_TO_ONNX[node.meta["val"][1].dtype]))
 

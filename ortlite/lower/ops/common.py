@@ -147,7 +147,7 @@ def broadcast_shape(*shapes) -> tuple:
 
 
 def indices_used(node) -> bool:
-    """Is a values-and-indices node's second output (the indices) read?"""
+    """Is a two-output node's second output (a max's indices, attention's logsumexp) read?"""
     return any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
 
 

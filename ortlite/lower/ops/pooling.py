@@ -181,7 +181,8 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
         v = b.op("Where", all_neg_inf, b.const(float("-inf"), x.dtype), values)
         return b.op("Where", has_nan, b.const(float("nan"), x.dtype), v)
 
-    if not any(user.args[1] == 1 for user in node.users) and arg_val(node, 0).device.type == "cpu":
+    with_indices = indices_used(node)
+    if not with_indices and arg_val(node, 0).device.type == "cpu":
         # The fixes only where x holds a NaN or a -inf (its sum is NaN or -inf then; a false
         # alarm, an overflow, takes the exact branch too): the MaxPool stays where ONNX
         # Runtime's NCHWc transform puts it, beside the convolutions around it. (On CPU: an
@@ -192,7 +193,7 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
         return _unbatch(g, values, unbatched), None
     last_nan, has_nan = last_nan_of(g)
     values = fixed(g, has_nan)
-    if not any(user.args[1] == 1 for user in node.users):
+    if not with_indices:
         return _unbatch(g, values, unbatched), None
     # ONNX numbers indices over the whole (padded) tensor, aten within each plane
     _, onnx_indices = g.op("MaxPool", x, outputs=2, **attrs)
