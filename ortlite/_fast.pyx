@@ -1192,12 +1192,7 @@ cdef class Runner:
                     outs.append(last)
                     continue
             out = empty_like(self.out_templates[i]) if static else self.out_templates[i].new_empty(shape)
-            if static and self.c_out_raw[i]:
-                ptr = _raw_data_ptr(out, self.c_out_raw[i])
-            else:
-                ptr = _data_ptr_of(out)
-                if ptr == 0:
-                    ptr = self.scratch_ptr
+            ptr = self._bind_ptr(out, self.c_out_raw[i] if static else 0)
             if b.iob is None:
                 b.set_output(i, ptr, shape, self.out_elem_types[i], self.out_itemsizes[i])
             else:
@@ -1221,21 +1216,14 @@ cdef class Runner:
                 if kind != K_FROZEN and kind != K_UNUSED:
                     self._write_scalar(b, i, kind, a)
             elif self.c_static[i]:
-                if self.c_in_raw[i]:  # the guard checked a plain dense tensor with elements
-                    ptr = _raw_data_ptr(a, self.c_in_raw[i])
-                else:
-                    ptr = _data_ptr_of(a)
-                    if ptr == 0:
-                        ptr = self.scratch_ptr
+                ptr = self._bind_ptr(a, self.c_in_raw[i])  # raw: the guard checked a plain dense tensor with elements
                 if ptr != b.bound_ptrs[i]:
                     self._bind_input(b, i, self.in_shapes[i], ptr)
             else:
                 if not a.is_contiguous():  # dynamic dims: the guard does not check strides
                     return self._bind_validated(b, args)
                 shape = a.shape
-                ptr = _data_ptr_of(a)
-                if ptr == 0:
-                    ptr = self.scratch_ptr
+                ptr = self._bind_ptr(a, 0)
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
         return None
@@ -1289,6 +1277,16 @@ cdef class Runner:
             return args
         return tuple([args[i] for i in self.tensor_indices])
 
+    cdef inline uintptr_t _bind_ptr(self, object t, Py_ssize_t raw_itemsize) except? 0:
+        """The address to bind for tensor t: read from torch's objects where raw_itemsize (its
+        element size: a dense tensor with elements, _raw_data, see c_in_raw), else its
+        data_ptr(), the scratch buffer's for an empty tensor (whose data_ptr() is 0)."""
+        cdef uintptr_t ptr
+        if raw_itemsize:
+            return _raw_data_ptr(t, raw_itemsize)
+        ptr = _data_ptr_of(t)
+        return ptr if ptr != 0 else self.scratch_ptr
+
     cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, uintptr_t ptr):
         if b.iob is None:
             b.set_input(self.feed_pos[i], ptr, shape, self.in_elem_types[i], self.in_itemsizes[i])
@@ -1321,9 +1319,7 @@ cdef class Runner:
                 if not a.is_contiguous():
                     a = a.contiguous()
                     keep_alive.append(a)
-                ptr = _data_ptr_of(a)
-                if ptr == 0:
-                    ptr = self.scratch_ptr
+                ptr = self._bind_ptr(a, 0)
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
                     self._bind_input(b, i, shape, ptr)
             else:
