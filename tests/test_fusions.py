@@ -299,6 +299,30 @@ def test_rms_norm_under_torch_compile_with_frozen_and_bound_weights():
         assert backend.stats.fallback_ops == {}
 
 
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_rms_norm_with_sizes_that_change_between_calls(dynamic, tmp_path):
+    """Batch and sequence change in a loop (automatic dynamic, and dynamic=True): eager's
+    values every call. Under automatic dynamic the graph with symbolic batch and sequence
+    still has both norms as one kernel each (the hidden size stays static); under
+    dynamic=True the hidden size is symbolic too, and the norms stay written out (the fused
+    kernel would not broadcast a weight as aten does)."""
+    torch.manual_seed(0)
+    model = TwoNorms(32).eval()
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    with torch.no_grad():
+        for batch, seq in ((2, 5), (3, 7), (1, 1), (4, 2)):
+            x = torch.randn(batch, seq, 32)
+            assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {}
+    models = [onnx.load(str(p)) for p in sorted(tmp_path.glob("*.onnx"))]
+    symbolic = [m for m in models if any(d.dim_param for i in m.graph.input for d in i.type.tensor_type.shape.dim)]
+    assert symbolic, [p.name for p in tmp_path.glob("*.onnx")]
+    for m in symbolic:
+        assert sum(n.op_type == "SimplifiedLayerNormalization" for n in m.graph.node) == (0 if dynamic else 2)
+
+
 def test_cat_with_an_empty_part_copies_nothing():
     """An empty KV cache's first update (GPT-2's): the empty part is left out, no Concat."""
     fn = lambda cache, k: torch.cat([cache, k], -2) * 2  # noqa: E731
