@@ -299,13 +299,18 @@ def test_rms_norm_under_torch_compile_with_frozen_and_bound_weights():
         assert backend.stats.fallback_ops == {}
 
 
+def _symbolic_models(directory) -> list:
+    models = [onnx.load(str(p)) for p in sorted(directory.glob("*.onnx"))]
+    return [m for m in models if any(d.dim_param for i in m.graph.input for d in i.type.tensor_type.shape.dim)]
+
+
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_rms_norm_with_sizes_that_change_between_calls(dynamic, tmp_path):
     """Batch and sequence change in a loop (automatic dynamic, and dynamic=True): eager's
-    values every call. Under automatic dynamic the graph with symbolic batch and sequence
-    still has both norms as one kernel each (the hidden size stays static); under
-    dynamic=True the hidden size is symbolic too, and the norms stay written out (the fused
-    kernel would not broadcast a weight as aten does)."""
+    values every call, and the graph with symbolic batch and sequence has both norms as one
+    kernel each (the hidden size stays static: the weights fix it). Under dynamic=True the
+    eps reach the graph as float inputs ortlite makes constants; they were left behind an
+    Identity the fusion did not look through, and the norms stayed written out."""
     torch.manual_seed(0)
     model = TwoNorms(32).eval()
     torch._dynamo.reset()
@@ -316,11 +321,10 @@ def test_rms_norm_with_sizes_that_change_between_calls(dynamic, tmp_path):
             x = torch.randn(batch, seq, 32)
             assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     assert backend.stats.fallback_ops == {}
-    models = [onnx.load(str(p)) for p in sorted(tmp_path.glob("*.onnx"))]
-    symbolic = [m for m in models if any(d.dim_param for i in m.graph.input for d in i.type.tensor_type.shape.dim)]
+    symbolic = _symbolic_models(tmp_path)
     assert symbolic, [p.name for p in tmp_path.glob("*.onnx")]
     for m in symbolic:
-        assert sum(n.op_type == "SimplifiedLayerNormalization" for n in m.graph.node) == (0 if dynamic else 2)
+        assert sum(n.op_type == "SimplifiedLayerNormalization" for n in m.graph.node) == 2
 
 
 def test_cat_with_an_empty_part_copies_nothing():
@@ -409,3 +413,78 @@ def test_attention_mask_check_with_symbolic_sizes():
             for m in (mask, torch.full_like(mask, FMIN), mask.masked_fill(mask == 0, float("-inf"))):
                 assert_same(f(q, k, v, m), module(q, k, v, m), rtol=1e-5, atol=1e-5)
     assert backend.stats.fallback_ops == {}, backend.stats
+
+
+class Projections(torch.nn.Module):
+    """Linear layers on (batch, sequence, hidden) inputs, the way transformers use them: with
+    and without bias, one on a transposed (non-contiguous) input, then a mask-like expand of
+    a (batch, 1, sequence) tensor to (batch, heads, sequence)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 24), torch.nn.Linear(24, 16, bias=False)
+
+    def forward(self, x, t):
+        y = self.b(torch.relu(self.a(x))) + self.a(t.transpose(0, 1)).sum(-1, keepdim=True)
+        return y, y.sum(-1).unsqueeze(1).expand(-1, 3, -1) * 2
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_linear_on_3d_input_is_one_matmul_without_shape_arithmetic(dynamic, tmp_path):
+    """aten's linear on a 3-D input flattens it, multiplies and unflattens: lowered as is that
+    is two Reshapes a linear, and with symbolic sizes the second's target is computed per
+    call (a third of a small transformer's nodes, the most of what made its symbolic graph
+    slower than its static one). The MatMul takes the 3-D input itself; an expand whose
+    symbolic sizes are its input's has a constant target. Batch and sequence change in a
+    loop; eager's values every call."""
+    torch.manual_seed(0)
+    model = Projections().eval()
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    with torch.no_grad():
+        for batch, seq in ((2, 5), (3, 7), (4, 2), (2, 9)):
+            x, t = torch.randn(batch, seq, 16), torch.randn(seq, batch, 16)
+            assert_same(compiled(x, t), model(x, t), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {}
+    symbolic = _symbolic_models(tmp_path)
+    assert symbolic
+    for m in symbolic:
+        ops = collections.Counter(n.op_type for n in m.graph.node)
+        assert ops["MatMul"] == 3 and ops["Gemm"] == 0, ops
+        assert ops["Concat"] == 0, ops  # no size computed per call
+        assert ops["Reshape"] <= 1, ops  # at most the transposed input's copy
+
+
+def _flatten_mm(x, w, shape):
+    return torch.mm(x.reshape(-1, x.shape[-1]), w).view(shape)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "swapped",  # the product viewed with the leading sizes in another order
+        "regrouped",  # the rows viewed as (seq, batch) where batch * seq is the same
+        "2-D product returned",  # the flattened product is also an output
+        "flat input returned",  # the flattened input is also an output
+    ],
+)
+def test_flattened_products_that_must_keep_their_reshapes(case, dynamic):
+    """Where the view after the product is not x's leading sizes, or an intermediate is read
+    elsewhere, the Reshapes stay: eager's values (a fold there would give a wrong layout)."""
+    w = torch.randn(8, 6)
+    fns = {
+        "swapped": lambda x: _flatten_mm(x, w, (x.shape[1], x.shape[0], 6)) + 1,
+        "regrouped": lambda x: _flatten_mm(x, w, (x.shape[0] * x.shape[1] // 2, 2, 6)) + 1,
+        "2-D product returned": lambda x: (torch.mm(x.reshape(-1, 8), w).view(*x.shape[:-1], 6) + 1, torch.mm(x.reshape(-1, 8), w) * 2),
+        "flat input returned": lambda x: (torch.mm(x.reshape(-1, 8), w).view(*x.shape[:-1], 6) + 1, x.reshape(-1, 8) * 3),
+    }
+    fn = fns[case]
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for batch, seq in ((2, 4), (3, 6), (4, 8)):
+        x = torch.randn(batch, seq, 8)
+        assert_same(compiled(x), fn(x), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {}

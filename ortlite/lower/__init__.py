@@ -12,7 +12,7 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
-from .fusions import fuse_rms_norm
+from .fusions import fold_flattening_reshapes, fuse_rms_norm
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
@@ -157,6 +157,7 @@ def lower_graph(
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
+    fold_flattening_reshapes(model.graph, known, g.node_origin)
     return LoweredGraph(model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures)
 
 

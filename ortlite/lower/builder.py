@@ -226,6 +226,22 @@ class GraphBuilder:
         parts = [self.ints([d]) if isinstance(d, int) else self.op("Reshape", self._size(d), self.ints([1])) for d in dims]
         return Value(self.op("Concat", *parts, axis=0), torch.int64, (len(dims),))
 
+    def expand(self, x: Value, shape: Sequence) -> str:
+        """Expand x to shape (aten's sizes, x's broadcasting to them). Where a symbolic size is
+        x's own aligned size, the target says 1 (ONNX broadcasting then keeps x's size, 0
+        included), so the target is a constant when every other size is static: no shape
+        arithmetic per call."""
+        offset = len(shape) - len(x.shape)
+        target = []
+        for i, d in enumerate(shape):
+            if isinstance(d, int):
+                target.append(d)
+            elif i >= offset and sym_expr(x.shape[i - offset]) == sym_expr(d):
+                target.append(1)
+            else:
+                return self.op("Expand", x, self.shape(shape))
+        return self.op("Expand", x, self.ints(target))
+
     def arange(self, n) -> str:
         """0, 1, ..., n - 1 (int64); n an int, a SymInt, or a 0-d int64 value."""
         end = n if isinstance(n, str) else self.sym(n)

@@ -8,6 +8,8 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from .builder import sym_expr
+
 
 def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     """RMSNorm as aten spells it (x * rsqrt(mean(x * x, -1, keepdim) + eps) * w, the form of
@@ -90,3 +92,93 @@ def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(fused)
+
+
+def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], origin: dict[str, str]) -> int:
+    """aten's linear on an input of rank > 2 is view(x, [rows, k]) -> mm -> view(., [*lead, n])
+    (rows the product of x's leading sizes): ortlite lowers it Reshape -> MatMul -> Reshape, and
+    with symbolic sizes the second Reshape's target is computed per call (Unsqueeze, Concat).
+    ONNX MatMul takes x as it is: a 2-D right operand broadcasts over x's leading dims, the
+    same rows times the same matrix, so both Reshapes go (on a small transformer a third of
+    the nodes ONNX Runtime runs, and what made symbolic graphs slower than static ones).
+    Only where each intermediate feeds the next alone, the right operand is 2-D and the
+    final view's leading sizes are x's own (the same expressions). Returns the number folded;
+    the size arithmetic left unused is removed. origin: ONNX node name -> FX node name, for
+    the nodes made here (a bias's Add is the addmm's)."""
+    outputs = {o.name for o in graph.output}
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def only_user(value, op_type):
+        users = consumers.get(value, [])
+        if value in outputs or len(users) != 1 or users[0].op_type != op_type or users[0].domain not in ("", "ai.onnx"):
+            return None
+        return users[0]
+
+    def same_sizes(a, b) -> bool:
+        return len(a) == len(b) and all(sym_expr(x) == sym_expr(y) for x, y in zip(a, b))
+
+    replaced, removed = {}, set()
+    for flatten in graph.node:
+        if flatten.op_type != "Reshape" or flatten.domain not in ("", "ai.onnx"):
+            continue
+        x, flat = flatten.input[0], flatten.output[0]
+        if x not in known or flat not in known:
+            continue
+        x_shape, flat_shape = known[x][1], known[flat][1]
+        if len(x_shape) < 3 or len(flat_shape) != 2 or not same_sizes(x_shape[-1:], flat_shape[-1:]):
+            continue
+        matmul = only_user(flat, "MatMul") or only_user(flat, "Gemm")
+        if matmul is None or matmul.input[0] != flat or matmul.input[1] not in known or len(known[matmul.input[1]][1]) != 2:
+            continue
+        bias = None
+        if matmul.op_type == "Gemm":  # addmm: C broadcast over the rows, as over x's leading dims
+            attrs = {a.name: helper.get_attribute_value(a) for a in matmul.attribute}
+            if any(attrs.get(k, 0) for k in ("transA", "transB")) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+                continue
+            bias = matmul.input[2] if len(matmul.input) > 2 and matmul.input[2] else None
+            if bias is not None and (bias not in known or len(known[bias][1]) != 1):
+                continue
+        unflatten = only_user(matmul.output[0], "Reshape")
+        if unflatten is None or unflatten.output[0] not in known or not same_sizes(known[unflatten.output[0]][1][:-1], x_shape[:-1]):
+            continue
+        out = unflatten.output[0]
+        if bias is None:
+            replaced[id(unflatten)] = [helper.make_node("MatMul", [x, matmul.input[1]], [out], name=matmul.name)]
+        else:
+            product = out + "_product"
+            replaced[id(unflatten)] = [
+                helper.make_node("MatMul", [x, matmul.input[1]], [product], name=matmul.name),
+                helper.make_node("Add", [product, bias], [out], name=matmul.name + "_bias"),
+            ]
+            origin[matmul.name + "_bias"] = origin.get(matmul.name, "")
+        removed.update((id(flatten), id(matmul)))
+    if not replaced:
+        return 0
+    nodes = [m for n in graph.node if id(n) not in removed for m in replaced.get(id(n), [n])]
+    del graph.node[:]
+    graph.node.extend(_live(nodes, outputs))
+    return len(replaced)
+
+
+def _live(nodes: list, outputs: set) -> list:
+    """nodes without those whose outputs nothing reads (a branch of an If reads outer values)."""
+    used = set(outputs)
+    live = []
+    for n in reversed(nodes):
+        if not any(o in used for o in n.output):
+            continue
+        live.append(n)
+        used.update(_reads(n))
+    return live[::-1]
+
+
+def _reads(node) -> set:
+    names = set(node.input)
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            for n in g.node:
+                names |= _reads(n)
+    return names

@@ -14,6 +14,7 @@ import torch
 from ...options import DEFAULT_OPSET
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
+from .shape import reshape_to
 from .common import any_true, aten, arg_val, indices_used, is_float, may_be_zero
 
 FUSED_OPSET = 23  # ONNX Attention
@@ -54,8 +55,8 @@ def _repeat_heads(g, x, heads: int):
     b, h, s, e = x.shape
     if h == heads:
         return x
-    grown = g.op("Expand", g.op("Unsqueeze", x, g.ints([2])), g.shape([b, h, heads // h, s, e]))
-    return g.op("Reshape", grown, g.shape([b, heads, s, e]))
+    grown = g.expand(Value(g.op("Unsqueeze", x, g.ints([2])), x.dtype, (b, h, 1, s, e)), [b, h, heads // h, s, e])
+    return reshape_to(g, Value(grown, x.dtype, (b, h, heads // h, s, e)), [b, heads, s, e])
 
 
 def _sum_head_groups(g, grad, kv):
@@ -127,7 +128,7 @@ def _fused(g, q, k, v, is_causal, attn_mask, scale):
     # the kernel takes masks whose last two sizes are the query and key lengths
     mask = attn_mask
     if attn_mask.rank != 4 or not _same(attn_mask.shape[2], length) or not _same(attn_mask.shape[3], source):
-        mask = g.op("Expand", attn_mask, g.shape([1, 1, length, source]))
+        mask = g.expand(attn_mask, [1, 1, length, source])
     allowed = mask
     if is_causal:
         allowed = g.op("Where", _causal_allowed(g, length, source), mask, g.const(float("-inf"), q.dtype))

@@ -18,8 +18,8 @@ SMALL = 4096
 def _fill(g, node, value):
     dtype, shape = out_dtype(node), out_shape(node)
     scalar = as_value(g, value, dtype)  # a number, or a size computed in the graph
-    if not shape:
-        return g.op("Identity", scalar)
+    if not shape:  # the constant itself: ONNX Runtime's fusions (and ortlite's) match initializers
+        return scalar
     return g.op("Expand", scalar, g.shape(shape))
 
 

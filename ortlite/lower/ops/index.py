@@ -46,7 +46,7 @@ def _gather_layout(g, x: Value, indices):
     columns = []
     for d in positions:
         index = _wrap_negative(g, indices[d], x.shape[d])
-        index = g.op("Expand", index, g.ints(shape)) if not same_shape(indices[d].shape, shape) else index
+        index = g.expand(Value(index, torch.int64, indices[d].shape), shape) if not same_shape(indices[d].shape, shape) else index
         columns.append(g.op("Unsqueeze", index, g.ints([len(shape)])))
     stacked = g.op("Concat", *columns, axis=-1) if len(columns) > 1 else columns[0]
     return moved, stacked, perm, shape, positions

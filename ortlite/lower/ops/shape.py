@@ -91,7 +91,7 @@ def t(g, node, x):
 
 @lower(aten.expand.default)
 def expand(g, node, x, *_):
-    return g.op("Expand", x, g.shape(out_shape(node)))
+    return g.expand(x, out_shape(node))
 
 
 @lower(aten.cat.default)
