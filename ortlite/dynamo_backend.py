@@ -35,7 +35,7 @@ from .partition import (
 )
 from .runner import runner_for
 from .session import SessionCache
-from .specialize import MAX_FLOAT_VARIANTS, Specializing, attribute_floats, scalar_arguments, with_constants, with_values
+from .specialize import MAX_FLOAT_VARIANTS, Specializing, as_tensors, attribute_floats, pass_as_numbers, scalar_arguments, with_constants, with_values
 
 _graph_ids = itertools.count()
 
@@ -152,13 +152,16 @@ class Backend:
         if self.options.freeze_weights:
             weights = weight_indices(dynamo_graph["gm"], len(lifted))
             frozen = frozen_inputs(gm, lifted + dynamo_graph["inputs"], weights)
-        return self.compile_graph(gm, "forward", frozen, attribute_floats(dynamo_graph["gm"], len(lifted), gm))
+        floats = attribute_floats(dynamo_graph["gm"], len(lifted), gm)
+        numbers = bool(floats) and pass_as_numbers(dynamo_graph["gm"], len(lifted), floats)
+        return self.compile_graph(gm, "forward", frozen, floats, numbers)
 
-    def compile_graph(self, gm: torch.fx.GraphModule, kind: str, frozen: dict | None = None, floats: dict | None = None):
+    def compile_graph(self, gm: torch.fx.GraphModule, kind: str, frozen: dict | None = None, floats: dict | None = None, numbers: bool = False):
         """One aten graph -> a boxed callable (aot_autograd's convention): a runner when ORT
         runs all of it, else the graph with its supported parts replaced by runners.
         frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen).
-        floats: placeholder -> index, 0-d float arguments to make constants (specialize.py)."""
+        floats: placeholder -> index, 0-d float arguments to make constants (specialize.py);
+        numbers: Dynamo passes them as Python floats (pass_as_numbers)."""
         if kind == "forward":
             alias_views_to_torch(gm)
         name = f"{kind}_{next(_graph_ids)}"
@@ -167,20 +170,25 @@ class Backend:
             warn_once(f"ortlite: {why}")
             self._fallback_ops.update(op_name(n) for n in _calls(gm))
             self._reports.append(GraphReport.of(name, gm, [], {n: why for n in _calls(gm)}))
-            return make_boxed_func(gm)
+            return make_boxed_func(gm if not numbers else as_tensors(gm, list(floats.values())))
         if floats:  # compiled per set of their values, the first at the first call
-            return make_boxed_func(self._constant_floats(gm, name, floats, frozen))
+            return make_boxed_func(self._constant_floats(gm, name, floats, frozen, numbers))
         return self._compile(gm, name, boxed=True, frozen=frozen)
 
-    def _constant_floats(self, gm, name, floats, frozen) -> Specializing:
+    def _constant_floats(self, gm, name, floats, frozen, numbers: bool) -> Specializing:
         """gm with the float arguments at `floats` as constants, per set of their values (see
-        specialize.py); past the variant limit, gm with them as inputs."""
+        specialize.py); past the variant limit, gm with them as inputs (made tensors again
+        where Dynamo passes them as numbers)."""
         variants = itertools.count()
 
         def compile_variant(values):
             return self._compile(with_constants(gm, values), f"{name}_f{next(variants)}", boxed=False, frozen=frozen), True
 
-        return Specializing(floats, compile_variant, lambda: self._compile(gm, name, boxed=False, frozen=frozen), name, "are graph inputs", MAX_FLOAT_VARIANTS)
+        def generic():
+            run = self._compile(gm, name, boxed=False, frozen=frozen)
+            return as_tensors(run, list(floats.values())) if numbers else run
+
+        return Specializing(floats, compile_variant, generic, name, "are graph inputs", MAX_FLOAT_VARIANTS)
 
     def _compile(self, gm: torch.fx.GraphModule, name: str, boxed: bool, specialize: bool = True, frozen: dict | None = None):
         """frozen: placeholder index -> tensor, weights to make initializers (ortlite.frozen)."""

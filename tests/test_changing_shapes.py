@@ -877,6 +877,23 @@ def test_float_attributes_past_the_variant_limit_are_inputs(tmp_path, monkeypatc
     assert len(generic) == 1
 
 
+def test_float_attributes_are_passed_as_numbers(tmp_path, monkeypatch):
+    """Dynamo built a float64 tensor per attribute float per call before calling the graph
+    (torch._as_tensor_fullprec, ~8 us each: on a small T5 under dynamic=True more than its
+    graph saved); ortlite has it pass the Python floats its constants are checked against.
+    Past the variant limit the generic graph takes them as tensors again: eager's values."""
+    from ortlite import dynamo_backend
+
+    monkeypatch.setattr(dynamo_backend, "MAX_FLOAT_VARIANTS", 1)
+    built = []
+    as_tensor = torch._as_tensor_fullprec
+    monkeypatch.setattr(torch, "_as_tensor_fullprec", lambda v: built.append(v) or as_tensor(v))
+    backend = _compiled_over_values(tmp_path, [(1e-6, 0.5)] * 3)
+    assert backend.stats.graphs == 1 and built == []  # eps, scale, math.pi: none built
+    backend = _compiled_over_values(tmp_path, [(1e-6, 0.5), (1e-3, 2.0), (1e-2, 0.5)])  # past the limit of 1
+    assert backend.stats.graphs == 2 and len(built) > 0
+
+
 def test_float_arguments_stay_inputs():
     """A float the function takes as an argument is the caller's to vary: one graph."""
     torch._dynamo.reset()
