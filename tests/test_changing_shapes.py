@@ -816,6 +816,26 @@ def test_a_variant_key_tells_minus_zero_and_bools_apart():
     assert _key(f64(0.0)) != _key(f64(-0.0)) and _key(f64(0.5)) == _key(0.5)
 
 
+def test_a_variant_is_chosen_by_value_whatever_the_objects():
+    """Specializing skips the key when a call's numbers are the last call's objects: objects
+    that are not the same still choose by value (-0.0 is not 0.0; an equal float is)."""
+    from ortlite.specialize import Specializing
+
+    compiled = []
+
+    def compile_variant(values):
+        (value,) = values.values()
+        compiled.append(value)
+        return (lambda *args: (value, args[1])), True
+
+    spec = Specializing({"p": 1}, compile_variant, lambda: None, "g")
+    zero, minus_zero, half = 0.0, -0.0, 0.5
+    seen = [spec("x", v) for v in (zero, zero, minus_zero, minus_zero, zero, half, float("0.5"), minus_zero)]
+    assert [math.copysign(1, v) for v, _ in seen] == [math.copysign(1, v) for _, v in seen]  # each ran its own value's variant
+    assert [v for v, _ in seen] == [0.0, 0.0, -0.0, -0.0, 0.0, 0.5, 0.5, -0.0]
+    assert len(compiled) == 3  # 0.0, -0.0, 0.5
+
+
 class _ScaledRMSNorm(torch.nn.Module):
     """An RMSNorm with its eps and an output scale as float attributes (as transformers'
     LlamaRMSNorm keeps variance_epsilon), and gelu_new's math.pi."""

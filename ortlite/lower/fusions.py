@@ -11,6 +11,24 @@ from onnx import helper, numpy_helper
 from .builder import sym_expr
 
 
+def _only_user(graph: onnx.GraphProto):
+    """only_user(value, op_type): the node reading value, where it is the only one, of that
+    ONNX op type, and value is no graph output (a training graph's saved values are); else None."""
+    outputs = {o.name for o in graph.output}
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def only_user(value, op_type):
+        users = consumers.get(value, [])
+        if value in outputs or len(users) != 1 or users[0].op_type != op_type or users[0].domain not in ("", "ai.onnx"):
+            return None
+        return users[0]
+
+    return only_user
+
+
 def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     """RMSNorm as aten spells it (x * rsqrt(mean(x * x, -1, keepdim) + eps) * w, the form of
     LLaMA's, Mistral's, T5's norms), as ortlite lowers it:
@@ -27,17 +45,7 @@ def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     initializers = {t.name: t for t in graph.initializer}
     input_dims = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim] for i in graph.input if i.type.tensor_type.HasField("shape")}
     input_types = {i.name: i.type.tensor_type.elem_type for i in graph.input}
-    outputs = {o.name for o in graph.output}
-    consumers: dict[str, list] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-
-    def only_user(value, op_type):
-        users = consumers.get(value, [])
-        if value in outputs or len(users) != 1 or users[0].op_type != op_type or users[0].domain not in ("", "ai.onnx"):
-            return None
-        return users[0]
+    only_user = _only_user(graph)
 
     def float32_weight(name, size: int) -> bool:
         if name in initializers:
@@ -106,16 +114,7 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
     the size arithmetic left unused is removed. origin: ONNX node name -> FX node name, for
     the nodes made here (a bias's Add is the addmm's)."""
     outputs = {o.name for o in graph.output}
-    consumers: dict[str, list] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-
-    def only_user(value, op_type):
-        users = consumers.get(value, [])
-        if value in outputs or len(users) != 1 or users[0].op_type != op_type or users[0].domain not in ("", "ai.onnx"):
-            return None
-        return users[0]
+    only_user = _only_user(graph)
 
     def same_sizes(a, b) -> bool:
         return len(a) == len(b) and all(sym_expr(x) == sym_expr(y) for x, y in zip(a, b))
