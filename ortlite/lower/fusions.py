@@ -8,7 +8,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from .builder import sym_expr
+from .ops.common import same_shape
 
 
 def _only_user(graph: onnx.GraphProto):
@@ -116,9 +116,6 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
     outputs = {o.name for o in graph.output}
     only_user = _only_user(graph)
 
-    def same_sizes(a, b) -> bool:
-        return len(a) == len(b) and all(sym_expr(x) == sym_expr(y) for x, y in zip(a, b))
-
     replaced, removed = {}, set()
     for flatten in graph.node:
         if flatten.op_type != "Reshape" or flatten.domain not in ("", "ai.onnx"):
@@ -127,7 +124,7 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
         if x not in known or flat not in known:
             continue
         x_shape, flat_shape = known[x][1], known[flat][1]
-        if len(x_shape) < 3 or len(flat_shape) != 2 or not same_sizes(x_shape[-1:], flat_shape[-1:]):
+        if len(x_shape) < 3 or len(flat_shape) != 2 or not same_shape(x_shape[-1:], flat_shape[-1:]):
             continue
         matmul = only_user(flat, "MatMul") or only_user(flat, "Gemm")
         if matmul is None or matmul.input[0] != flat or matmul.input[1] not in known or len(known[matmul.input[1]][1]) != 2:
@@ -141,7 +138,7 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
             if bias is not None and (bias not in known or len(known[bias][1]) != 1):
                 continue
         unflatten = only_user(matmul.output[0], "Reshape")
-        if unflatten is None or unflatten.output[0] not in known or not same_sizes(known[unflatten.output[0]][1][:-1], x_shape[:-1]):
+        if unflatten is None or unflatten.output[0] not in known or not same_shape(known[unflatten.output[0]][1][:-1], x_shape[:-1]):
             continue
         out = unflatten.output[0]
         if bias is None:
