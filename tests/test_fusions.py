@@ -443,7 +443,7 @@ def test_linear_on_3d_input_is_one_matmul_without_shape_arithmetic(dynamic, tmp_
     backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     with torch.no_grad():
-        for batch, seq in ((2, 5), (3, 7), (4, 2), (2, 9)):
+        for batch, seq in ((2, 5), (3, 7), (0, 5), (4, 2), (3, 0), (2, 9)):  # empty batch, empty sequence too
             x, t = torch.randn(batch, seq, 16), torch.randn(seq, batch, 16)
             assert_same(compiled(x, t), model(x, t), rtol=1e-5, atol=1e-5)
     assert backend.stats.fallback_ops == {}
