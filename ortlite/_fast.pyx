@@ -333,6 +333,7 @@ cdef class _Binding:
     cdef list scalar_ptrs
     cdef list outputs            # the output tensors bound last (kept only when recycling)
     cdef uintptr_t* bound_out_ptrs  # per ONNX output: the data pointer bound (recycling)
+    cdef int64_t bound_key       # the pattern key's first dim bound (-1: none yet)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -781,12 +782,18 @@ cdef class Runner:
     cdef list in_itemsizes
     cdef list out_itemsizes
     cdef list c_names               # the bytes c_in_names and c_out_names point into
+    cdef object pattern_key         # the name of the memory-pattern key input (ortlite.lower._sizes_vary); None: none
+    cdef object key_device          # its OrtDevice (the pybind binding's)
+    cdef uint64_t static_dims_xor   # the XOR of the static fed tensors' dims, ORT's part of the key we know
+    cdef Py_ssize_t* varying        # the dynamic tensor and int arguments, which the key hashes
+    cdef Py_ssize_t n_varying
     cdef object __weakref__
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
                  guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False,
-                 sizes_fn=None, Py_ssize_t recycle_max_bytes=0, stream_of=None, session_for=None, failures=()):
+                 sizes_fn=None, Py_ssize_t recycle_max_bytes=0, stream_of=None, session_for=None, failures=(),
+                 pattern_key=None):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
@@ -806,6 +813,9 @@ cdef class Runner:
         failures: (ORT output index, message, to_torch) per 0-d bool CPU output that, when
             true after a run, makes the call raise RuntimeError(message) (aten's runtime
             errors), or, to_torch, fail the run as ORT failing at the node the message names.
+        pattern_key: (name, OrtDevice) of a (N, 0) uint8 CPU input the graph has for ORT's
+            memory-pattern cache key: per call, N makes that key a hash of the argument sizes
+            (see _bind_pattern_key).
         on_run_failure (attribute): when ORT fails a run, called with the RunError; what it
             returns takes (*args) and runs the graph from then on, this call included.
             None: the RunError is raised."""
@@ -867,9 +877,51 @@ cdef class Runner:
         self.failure_outputs = [f[0] for f in failures]
         self.failure_messages = [f[1] for f in failures]
         self.failure_to_torch = [f[2] for f in failures]
+        self._key_inputs(pattern_key)
         self._c_names(inputs, outputs)
         if recycle_outputs:  # two bindings used in turn: the caller usually still holds the last result
             self.pool.extend([self._new_binding(), self._new_binding()])
+
+    cdef _key_inputs(self, pattern_key):
+        cdef Py_ssize_t i, k = 0
+        if pattern_key is None:
+            return
+        self.pattern_key, self.key_device = pattern_key
+        self.varying = <Py_ssize_t*>calloc(self.n_args + 1, sizeof(Py_ssize_t))
+        if self.varying == NULL:
+            raise MemoryError()
+        for i in range(self.n_args):
+            if self.kinds[i] == K_INT or (self.kinds[i] == K_TENSOR and not self.in_static[i]):
+                self.varying[k] = i
+                k += 1
+            elif self.kinds[i] == K_TENSOR:
+                for d in self.in_shapes[i]:
+                    self.static_dims_xor ^= <uint64_t>d
+        self.n_varying = k
+
+    cdef int _bind_pattern_key(self, _Binding b) except -1:
+        """ONNX Runtime keys its cache of memory plans by the XOR of all fed dims (see
+        ortlite.lower._sizes_vary). Binds the key input with the first dim that turns that
+        XOR into a hash of the dynamic sizes and int arguments bound now."""
+        cdef uint64_t xor = self.static_dims_xor, h = 14695981039346656037ULL  # FNV-1a
+        cdef int64_t n
+        cdef Py_ssize_t k, i
+        for k in range(self.n_varying):
+            i = self.varying[k]
+            if self.c_kinds[i] == K_INT:
+                h = (h ^ <uint64_t>(<int64_t*>(<uintptr_t>b.scalar_ptrs[i]))[0]) * 1099511628211ULL
+            else:
+                for d in b.bound_shapes[i]:
+                    xor ^= <uint64_t>d
+                    h = (h ^ <uint64_t>d) * 1099511628211ULL
+        n = <int64_t>((xor ^ (h >> 2)) & 0x7FFFFFFFFFFFFFFFULL)  # dims are < 2**63: so is the XOR with them
+        if n != b.bound_key:
+            if b.iob is None:
+                b.set_input(self.n_fed, self.scratch_ptr, (n, 0), 2, 1)  # 2: ONNX uint8
+            else:
+                b.iob.bind_input(self.pattern_key, self.key_device, 2, (n, 0), self.scratch_ptr)
+            b.bound_key = n
+        return 0
 
     cdef _c_names(self, inputs, outputs):
         cdef Py_ssize_t i, k = 0
@@ -879,6 +931,8 @@ cdef class Runner:
             return
         self.c_run_options = CRunOptions()
         self.c_names = [name.encode() if name is not None else None for name in self.in_names] + [n.encode() for n in self.out_names]
+        if self.pattern_key is not None:
+            self.c_names.append(self.pattern_key.encode())
         self.feed_pos = <Py_ssize_t*>calloc(self.n_args + 1, sizeof(Py_ssize_t))
         self.c_in_names = <const char**>calloc(self.n_args + 1, sizeof(char*))
         self.c_out_names = <const char**>calloc(len(self.out_names) + 1, sizeof(char*))
@@ -894,6 +948,8 @@ cdef class Runner:
         self.n_fed = k
         for i in range(len(self.out_names)):
             self.c_out_names[i] = <const char*>self.c_names[self.n_args + i]
+        if self.pattern_key is not None:  # fed last, after the arguments
+            self.c_in_names[k] = <const char*>self.c_names[len(self.c_names) - 1]
 
     def __dealloc__(self):
         free(self.raw_checks)
@@ -906,6 +962,7 @@ cdef class Runner:
         free(self.feed_pos)
         free(self.c_in_names)
         free(self.c_out_names)
+        free(self.varying)
 
     cdef _Binding _new_binding(self):
         cdef _Binding b = _Binding()
@@ -921,8 +978,9 @@ cdef class Runner:
         b.scalar_buffers = [None] * self.n_args
         b.scalar_ptrs = [0] * self.n_args
         b.outputs = [None] * len(self.out_names)
+        b.bound_key = -1
         if c:
-            b.n_in, b.n_out = self.n_fed, len(self.out_names)
+            b.n_in, b.n_out = self.n_fed + (self.pattern_key is not None), len(self.out_names)
             b.in_values = <OrtValue**>calloc(b.n_in + 1, sizeof(OrtValue*))
             b.out_values = <OrtValue**>calloc(b.n_out + 1, sizeof(OrtValue*))
             b.scalars = <int64_t*>calloc(self.n_args + 1, sizeof(int64_t))
@@ -974,6 +1032,8 @@ cdef class Runner:
                 keep_alive = self._bind_guarded(b, args)
             else:
                 keep_alive = self._bind_validated(b, args)
+            if self.pattern_key is not None:
+                self._bind_pattern_key(b)
             if self.sizes_fn is not None:
                 shapes, sizes = self.sizes_fn(args)
             else:
@@ -1372,6 +1432,12 @@ cdef class Runner:
     def raw_guarded(self):
         """Whether the guarded path checks arguments from their TensorImpls (not TensorGuards)."""
         return self.raw_checks != NULL
+
+    def fed_pattern_key(self):
+        """The first dim of the memory-pattern key input at the last call (None: the graph has none)."""
+        if self.pattern_key is None or not self.pool:
+            return None
+        return (<_Binding>self.pool[len(self.pool) - 1]).bound_key
 
     @property
     def uses_c_api(self):

@@ -152,6 +152,7 @@ def build_runner(
         stream_of,
         session_for,
         lowered.failures,
+        (lowered.pattern_key, ort_device(torch.device("cpu"))) if lowered.pattern_key else None,
     )
 
 

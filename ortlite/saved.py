@@ -128,6 +128,7 @@ def _metadata(compiled) -> dict:
         "sizes": [{"symbol": expr(s), "sources": [[moved(a), d] for a, d in sources]} for s, sources in lowered.symbols.items()],
         "failures": [[i, message, to_torch] for i, message, to_torch in lowered.failures],
         "disabled_optimizers": list(lowered.disabled_optimizers),
+        "pattern_key": lowered.pattern_key,
         "bound": [{"input": lowered.inputs[i].name, "buffer": compiled._weight_targets[i]} for i in kept],
         "mutations": [[kind.name, target] for kind, target in compiled._mutations],
         "in_spec": pytree.treespec_dumps(compiled._in_spec),
@@ -311,7 +312,8 @@ def _decode(model: onnx.ModelProto, m: dict):
     if not all(isinstance(d, str) for d in disabled):
         raise _Invalid(f"malformed ortlite metadata: disabled optimizers {disabled!r}")
 
-    _check_graph(model, inputs, ort_outputs)
+    pattern_key = m.get("pattern_key")  # absent in files written before it existed
+    _check_graph(model, inputs, ort_outputs, pattern_key)
     bound, weights = m["bound"], []
     initializers = {t.name: t for t in model.graph.initializer}
     for position, b in enumerate(bound):
@@ -335,7 +337,9 @@ def _decode(model: onnx.ModelProto, m: dict):
         raise _Invalid(f"its argument spec has {in_spec.num_leaves} leaves, but the graph takes {n_user} arguments")
     if out_spec.num_leaves != len(outputs) - len(mutations):
         raise _Invalid(f"its output spec has {out_spec.num_leaves} leaves, but the graph returns {len(outputs) - len(mutations)}")
-    lowered = LoweredGraph(model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures)
+    lowered = LoweredGraph(
+        model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures, pattern_key=pattern_key
+    )
     return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec}
 
 
@@ -388,10 +392,15 @@ def _decode_expr(j, symbols: dict):
     raise _Invalid(f"malformed ortlite metadata: size expression {j!r}")
 
 
-def _check_graph(model: onnx.ModelProto, inputs: list[InputSpec], ort_outputs: list[InputSpec]) -> None:
+def _check_graph(model: onnx.ModelProto, inputs: list[InputSpec], ort_outputs: list[InputSpec], pattern_key) -> None:
     """The metadata's arguments and outputs are the graph's, with the same types and sizes."""
     graph_inputs = {i.name: i for i in model.graph.input}
     named = [spec for spec in inputs if spec.kind != "unused"]
+    if pattern_key is not None:  # the runner's (N, 0) uint8 input (ortlite.lower._sizes_vary)
+        key = graph_inputs.pop(pattern_key, None) if isinstance(pattern_key, str) else None
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in key.type.tensor_type.shape.dim] if key is not None else None
+        if dims != [None, 0] or key.type.tensor_type.elem_type != onnx.TensorProto.UINT8:
+            raise _Invalid(f"malformed ortlite metadata: pattern key {pattern_key!r} is not a (N, 0) uint8 input of the graph")
     if sorted(graph_inputs) != sorted(spec.name for spec in named):
         raise _Invalid(f"its metadata names the inputs {sorted(s.name for s in named)}, but the graph has {sorted(graph_inputs)}")
     for spec in named:
