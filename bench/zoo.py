@@ -601,8 +601,14 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
     ortlite dynamic (dynamic=True, warmed up at another shape first) and ortlite auto (Dynamo's
     default: called at another shape first, so the first shape recompiles with symbolic
     sizes, and that graph is timed); interleaved rounds.
+    The order of compiling biases the times: on these machines a graph compiled later ran up
+    to 10% faster than the same graph compiled earlier in the process (its sessions and
+    weights in memory allocated later). So each ortlite candidate is compiled twice, in
+    opposite orders (dynamic, static, auto, then auto, static, dynamic), both copies timed in
+    the same rounds, and its time is the mean of the two copies' medians.
     `dynamic`: the model already compiled with dynamic=True (run_model(name, True, model,
-    keep=True)["compiled"]), saving a compile; the static candidate has a code object of its own.
+    keep=True)["compiled"]), its first dynamic copy, saving a compile; every other copy has a
+    code object of its own.
     clock: time.thread_time counts this thread's CPU time only (ONNX Runtime runs on the
     calling thread at one thread), steadier than wall time on a machine shared with other jobs."""
     spec = ZOO[name]
@@ -612,15 +618,25 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
     eager = lambda kw: model(**kw, **spec.extra, return_dict=False)  # noqa: E731
     if dynamic is None:
         torch._dynamo.reset()
-        compiled = torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(ortlite.Options(**spec.options)), dynamic=True)
-    else:
-        compiled = lambda kw: dynamic(**kw, **spec.extra, return_dict=False)  # noqa: E731
-    static = torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(ortlite.Options(**spec.options)), dynamic=False)
-    auto = torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(ortlite.Options(**spec.options)))
-    candidates = {"eager": eager, "static": static, "dynamic": compiled, "auto": auto}
+
+    given = [dynamic]
+
+    def compiled(kind):
+        if kind == "dynamic" and given[0] is not None:
+            fn, given[0] = given[0], None
+            return lambda kw: fn(**kw, **spec.extra, return_dict=False)
+        mode = {"static": False, "dynamic": True, "auto": None}[kind]
+        return torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(ortlite.Options(**spec.options)), dynamic=mode)
+
+    candidates = {"eager": eager}
     with torch.no_grad():
-        compiled(other)
-        auto(other)  # static at the other shape; the first shape then recompiles symbolic
+        for copy, order in enumerate((["dynamic", "static", "auto"], ["auto", "static", "dynamic"])):
+            for kind in order:
+                fn = compiled(kind)
+                if kind != "static":
+                    fn(other)  # auto: static at the other shape; the first shape then recompiles symbolic
+                fn(kwargs)
+                candidates[(kind, copy)] = fn
         for fn in candidates.values():
             fn(kwargs)
         # iterations per block: about min_block_s of eager
@@ -636,8 +652,9 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
                 samples[k].append((clock() - t0) / iters * 1e3)
     torch._dynamo.reset()
     ms = {k: statistics.median(v) for k, v in samples.items()}
-    return {"eager_ms": ms["eager"], "static_ms": ms["static"], "dynamic_ms": ms["dynamic"], "auto_ms": ms["auto"], "iters": iters, "rounds": rounds,
-            "shape": spec.shapes[0]}
+    mean = {kind: (ms[(kind, 0)] + ms[(kind, 1)]) / 2 for kind in ("static", "dynamic", "auto")}
+    return {"eager_ms": ms["eager"], "static_ms": mean["static"], "dynamic_ms": mean["dynamic"], "auto_ms": mean["auto"], "iters": iters,
+            "rounds": rounds, "shape": spec.shapes[0], "copies_ms": {f"{k[0]}_{k[1]}": v for k, v in ms.items() if k != "eager"}}
 
 
 # --- reporting -----------------------------------------------------------------------
@@ -694,6 +711,7 @@ def report(results: dict, timings: dict, header: str) -> str:
         "fallback = aten op: nodes left to torch (ortlite's stats); static = at call 1 of auto (static sizes).",
         "Timing: ms per call at the first shape, 1 thread, medians of interleaved rounds; static = `dynamic=False`;",
         "auto = the default path's symbolic graph (compiled at another shape first, so the first shape recompiles).",
+        "Each ortlite column: the mean of two copies compiled in opposite orders (a graph compiled later ran faster).",
         "",
         "| model | shapes | auto match | auto graphs/call | auto sess/graphs | dyn match | dyn graphs/call | dyn sess/graphs "
         "| fallback static | fallback auto (all calls) | fallback dyn | reasons (dyn) | eager ms | static ms | dynamic ms "
