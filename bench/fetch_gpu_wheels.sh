@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Saves the onnxruntime-gpu wheel for a GPU machine's Python (default 3.12) into .whl/, split
-# into parts of at most 60 MB for transfers capped at 64 MiB (bench/gpu_check.sh joins them).
+# into parts of at most 62 MiB for transfers capped at 64 MiB (bench/gpu_check.sh joins them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER=${1:-3.12}
@@ -11,7 +11,7 @@ python3 -m pip download --no-deps --only-binary=:all: --python-version "$PYVER" 
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     -d .whl "onnxruntime-gpu==$VERSION"
 for wheel in .whl/onnxruntime_gpu-*.whl; do
-    split -b 60M "$wheel" "$wheel.part-"
+    split -b 62M "$wheel" "$wheel.part-"
     rm "$wheel"
 done
 ls -la .whl

@@ -3,7 +3,7 @@
 models built from configs (random weights, no downloads). One thread, interleaved rounds,
 medians; first-call (compile + run) times; what fell back to torch.
 
-    python bench/models.py [--models bert,gpt2,llama,moe,vit,resnet,mobilenet] [--rounds 7] [--no-inductor] [--no-dynamic]
+    python bench/models.py [--models bert,gpt2,llama,moe,vit,resnet,mobilenet] [--rounds 7] [--no-inductor] [--no-dynamic] [--device cpu|cuda]
 
 Peers in the same run: inductor, and torch.onnx.export(dynamo=True) + ONNX Runtime
 ("export+ORT"; needs onnxscript, the bench extra: pip install -e ".[bench]").
@@ -162,9 +162,15 @@ class _FirstOutput(torch.nn.Module):
         return first_output(self.model(*args))
 
 
+def synchronize():
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed_first_call(fn, args):
     start = time.perf_counter()
     out = fn(*args)
+    synchronize()
     return time.perf_counter() - start, out
 
 
@@ -187,9 +193,10 @@ def export_ort(model, args):
     return run
 
 
-def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=None):
+def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=None, device="cpu"):
     label, model, args = make()
-    model.eval()
+    model.eval().to(device)
+    args = tuple(a.to(device) for a in args)
     torch.manual_seed(0)
     expected = first_output(model(*args))
     candidates, first, notes = {"eager": model}, {}, {}
@@ -231,6 +238,8 @@ def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=N
         notes["ortlite AOT"] = f"not compiled: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
     try:
+        if device != "cpu":
+            raise NotImplementedError("the export+ORT peer runs on CPU only here")
         start = time.perf_counter()
         peer = export_ort(model, args)
         first["export+ORT"] = time.perf_counter() - start + timed_first_call(peer, args)[0]
@@ -252,6 +261,7 @@ def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=N
             start = time.perf_counter()
             for _ in range(iters):
                 call(*args)
+            synchronize()
             samples[name].append((time.perf_counter() - start) / iters * 1e3)
     medians = {name: statistics.median(s) for name, s in samples.items()}
     # each against eager in the same round, then the median over rounds
@@ -266,22 +276,28 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic=True candidate")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))  # Dynamo's one-time imports
-    results = []
+    results, failed = [], []
     with torch.no_grad():
         for key in args.models.split(","):
-            label, medians, ratios, first, notes = bench_model(
-                MODELS[key], args.rounds, args.iters, not args.no_inductor, not args.no_dynamic, OPTIONS.get(key)
-            )
+            try:
+                label, medians, ratios, first, notes = bench_model(
+                    MODELS[key], args.rounds, args.iters, not args.no_inductor, not args.no_dynamic, OPTIONS.get(key), args.device
+                )
+            except Exception as e:  # one model's failure (a mismatch with eager, a crash) must not hide the others'
+                print(f"{key}: FAILED: {type(e).__name__}: {e}", flush=True)
+                failed.append(key)
+                continue
             results.append({"model": label, "latency_ms": medians, "vs_eager": ratios, "first_call_s": first, "notes": notes})
             print(f"{label}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()), flush=True)
 
     names = ["eager", "inductor", "export+ORT", "ortlite", "ortlite unfrozen", "ortlite dynamic", "ortlite AOT"]
-    print(f"\nlatency, ms (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; no_grad)")
+    print(f"\nlatency, ms (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; no_grad; {args.device})")
     print(f"{'model':<26}" + "".join(f"{n:>17}" for n in names))
     for r in results:
         print(f"{r['model']:<26}" + "".join(f"{r['latency_ms'][n]:>17.2f}" if n in r["latency_ms"] else f"{'-':>17}" for n in names))
@@ -305,6 +321,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=str)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
