@@ -38,6 +38,7 @@ import ortlite
 import ortlite.logs
 
 RTOL = ATOL = 1e-4
+EXTRA_OPTIONS: dict = {}  # given to every ortlite candidate (--size-constants)
 VOCAB = 100
 QUICK = ["bert", "gpt2", "llama", "t5", "vit", "resnet", "mixtral"]
 
@@ -515,7 +516,7 @@ def _guard_failures() -> list[str]:
     return [str(r) for reasons in torch._dynamo.utils.guard_failures.values() for r in reasons]
 
 
-def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | None = None, keep: bool = False) -> dict:
+def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | None = None) -> dict:
     """Compile the zoo model `name` with a fresh ortlite.Backend (dynamic None: Dynamo's
     automatic dynamic; True: dynamic=True), call it on each of its shapes and compare with
     eager. Returns: calls, matches, per_call (None or what differed / the exception),
@@ -539,7 +540,7 @@ def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | N
     capture = _Capture()
     logger = logging.getLogger("ortlite")
     logger.addHandler(capture)
-    backend = ortlite.Backend(ortlite.Options(**spec.options))
+    backend = ortlite.Backend(ortlite.Options(**spec.options, **EXTRA_OPTIONS))
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     try:
         for k, shape in enumerate(spec.shapes):
@@ -571,12 +572,9 @@ def run_model(name: str, dynamic: bool | None = None, model: torch.nn.Module | N
                       fallback_ops=dict(stats.fallback_ops))
         result["graph_breaks"] = dict(torch._dynamo.utils.counters["graph_break"])
         result["reasons"] = list(dict.fromkeys(capture.messages))
-        if keep:
-            result["compiled"] = compiled
     finally:
         logger.removeHandler(capture)
-        if not keep:
-            torch._dynamo.reset()
+        torch._dynamo.reset()
     result["seconds"] = time.perf_counter() - start
     return result
 
@@ -596,7 +594,7 @@ def own_code(model, extra):
     return types.FunctionType(code, call.__globals__, name, None, call.__closure__)
 
 
-def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None, dynamic=None, clock=time.perf_counter) -> dict:
+def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None, clock=time.perf_counter) -> dict:
     """Median ms per call at the zoo model's first shape: eager, ortlite static (dynamic=False),
     ortlite dynamic (dynamic=True, warmed up at another shape first) and ortlite auto (Dynamo's
     default: called at another shape first, so the first shape recompiles with symbolic
@@ -605,10 +603,10 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
     to 10% faster than the same graph compiled earlier in the process (its sessions and
     weights in memory allocated later). So each ortlite candidate is compiled twice, in
     opposite orders (dynamic, static, auto, then auto, static, dynamic), both copies timed in
-    the same rounds, and its time is the mean of the two copies' medians.
-    `dynamic`: the model already compiled with dynamic=True (run_model(name, True, model,
-    keep=True)["compiled"]), its first dynamic copy, saving a compile; every other copy has a
-    code object of its own.
+    the same rounds, and its time is the mean of the two copies' medians. Every copy is
+    called through the same kind of function (own_code), with a code object of its own (a
+    module compiled whole, torch.compile(model), pays nn.Module's call path on top: the
+    dynamic copy reused from run_model that way measured up to 35% slower).
     clock: time.thread_time counts this thread's CPU time only (ONNX Runtime runs on the
     calling thread at one thread), steadier than wall time on a machine shared with other jobs."""
     spec = ZOO[name]
@@ -616,17 +614,11 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
     kwargs = spec.inputs(spec.shapes[0], seed=7)
     other = spec.inputs(spec.shapes[1], seed=1007)
     eager = lambda kw: model(**kw, **spec.extra, return_dict=False)  # noqa: E731
-    if dynamic is None:
-        torch._dynamo.reset()
-
-    given = [dynamic]
+    torch._dynamo.reset()
 
     def compiled(kind):
-        if kind == "dynamic" and given[0] is not None:
-            fn, given[0] = given[0], None
-            return lambda kw: fn(**kw, **spec.extra, return_dict=False)
         mode = {"static": False, "dynamic": True, "auto": None}[kind]
-        return torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(ortlite.Options(**spec.options)), dynamic=mode)
+        return torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(ortlite.Options(**spec.options, **EXTRA_OPTIONS)), dynamic=mode)
 
     candidates = {"eager": eager}
     with torch.no_grad():
@@ -841,7 +833,10 @@ def main(argv=None):
     parser.add_argument("--out", help="markdown file (default bench/results/zoo.md for a full run, none otherwise)")
     parser.add_argument("--json", help="also write every result (run_model's dicts, timings) to this file")
     parser.add_argument("--list", action="store_true", help="list the zoo and exit")
+    parser.add_argument("--size-constants", action="store_true", help="ortlite with Options(size_constants=True)")
     args = parser.parse_args(argv)
+    if args.size_constants:
+        EXTRA_OPTIONS["size_constants"] = True
     if args.list:
         for name, s in ZOO.items():
             print(f"{name:14} {s.family:8} {s.shapes}")
@@ -876,16 +871,14 @@ def main(argv=None):
             print(f"{name}: build failed\n{failed['error']}", flush=True)
             continue
         auto = run_model(name, None, model)
-        dyn = run_model(name, True, model, keep=timed)
-        compiled = dyn.pop("compiled", None)
+        dyn = run_model(name, True, model)
         results[name] = (auto, dyn)
         if timed:
             try:
                 clock = time.thread_time if args.cpu_time else time.perf_counter
-                timings[name] = time_model(name, args.rounds, model=model, dynamic=compiled, clock=clock)
+                timings[name] = time_model(name, args.rounds, model=model, clock=clock)
             except Exception:
                 timings[name] = {"error": traceback.format_exc()}
-            del compiled
             torch._dynamo.reset()
         t = timings.get(name, {})
         tim = f" eager {t['eager_ms']:.2f} static {t['static_ms']:.2f} dynamic {t['dynamic_ms']:.2f} auto {t['auto_ms']:.2f} ms" if "eager_ms" in t else ""

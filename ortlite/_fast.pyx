@@ -783,6 +783,8 @@ cdef class Runner:
     cdef list out_itemsizes
     cdef list c_names               # the bytes c_in_names and c_out_names point into
     cdef object pattern_key         # the name of the memory-pattern key input (ortlite.lower._sizes_vary); None: none
+    cdef readonly object size_constants  # args -> tensors, the inputs after the arguments (ortlite.lower.hoist); None: none
+    cdef Py_ssize_t n_given         # arguments a call passes (n_args less the size constants)
     cdef object key_device          # its OrtDevice (the pybind binding's)
     cdef uint64_t static_dims_xor   # the XOR of the static fed tensors' dims, ORT's part of the key we know
     cdef Py_ssize_t* varying        # the dynamic tensor and int arguments, which the key hashes
@@ -793,7 +795,7 @@ cdef class Runner:
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
                  guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False,
                  sizes_fn=None, Py_ssize_t recycle_max_bytes=0, stream_of=None, session_for=None, failures=(),
-                 pattern_key=None):
+                 pattern_key=None, size_constants=None):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
@@ -816,6 +818,9 @@ cdef class Runner:
         pattern_key: (name, OrtDevice) of a (N, 0) uint8 CPU input the graph has for ORT's
             memory-pattern cache key: per call, N makes that key a hash of the argument sizes
             (see _bind_pattern_key).
+        size_constants: (callable, n): the last n inputs are not passed by the caller but
+            computed from the call's arguments by callable(args) -> tuple of n tensors
+            (ortlite.runner.SizeConstants: values of integer arguments alone determine them).
         on_run_failure (attribute): when ORT fails a run, called with the RunError; what it
             returns takes (*args) and runs the graph from then on, this call included.
             None: the RunError is raised."""
@@ -824,6 +829,10 @@ cdef class Runner:
         self.run_options = run_options
         self.binding_factory = binding_factory
         self.n_args = len(inputs)
+        self.n_given = self.n_args
+        if size_constants is not None:
+            self.size_constants, n_constants = size_constants
+            self.n_given -= n_constants
         self.kinds = [i[0] for i in inputs]
         self.in_names = [i[1] for i in inputs]
         self.in_dtypes = [i[2] for i in inputs]
@@ -1014,8 +1023,8 @@ cdef class Runner:
             n = len(args)
         if self.replacement is not None:
             return self.replacement(*args)
-        if n != self.n_args:
-            raise TypeError(f"ortlite graph {self.name}: expected {self.n_args} arguments, got {n}")
+        if n != self.n_given:
+            raise TypeError(f"ortlite graph {self.name}: expected {self.n_given} arguments, got {n}")
         if self.frozen_indices is not None and self._weights_changed(args):
             self.on_weights_changed(args)  # a new session, or a replacement binding the weights
             if self.replacement is not None:
@@ -1024,14 +1033,15 @@ cdef class Runner:
             key = self.stream_of()
             if key != self.stream_key:
                 self._use_stream(key)
+        bound = args if self.size_constants is None else args + self.size_constants(args)
         b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
         failed = None
         try:
-            if (self.raw_checks != NULL and self._raw_guarded(args)) or (
-                    self.guard_check is not None and self.guard_check(*self._tensor_args(args))):
-                keep_alive = self._bind_guarded(b, args)
+            if (self.raw_checks != NULL and self._raw_guarded(bound)) or (
+                    self.guard_check is not None and self.guard_check(*self._tensor_args(bound))):
+                keep_alive = self._bind_guarded(b, bound)
             else:
-                keep_alive = self._bind_validated(b, args)
+                keep_alive = self._bind_validated(b, bound)
             if self.pattern_key is not None:
                 self._bind_pattern_key(b)
             if self.sizes_fn is not None:

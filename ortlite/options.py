@@ -72,6 +72,11 @@ class Options:
     freeze_weights: in inference graphs (torch.compile under no_grad/inference_mode, or
         nothing requiring grad), parameters and buffers become ONNX Runtime initializers,
         watched for changes every call (see ortlite.frozen). False binds them as inputs.
+    size_constants: in CPU graphs with symbolic sizes (torch.compile), compute what integer
+        arguments, sizes and constants alone determine (masks, position ranges, gather
+        indices) apart, once per set of sizes, and keep it for later calls with the same
+        sizes (see ortlite.lower.hoist). Pays where sizes repeat (a few padded lengths);
+        costs where they change at every call (generate), so off by default.
     """
 
     providers: tuple = ()
@@ -84,13 +89,14 @@ class Options:
     check_baseline: bool = dataclasses.field(default_factory=lambda: _env_flag("ORTLITE_CHECK_BASELINE"))
     opset: int = DEFAULT_OPSET
     freeze_weights: bool = True
+    size_constants: bool = False
     sort_ties: str = "torch"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         set_("providers", _normalize_providers("providers", self.providers))
         set_("default_providers", _normalize_providers("default_providers", self.default_providers))
-        for name in ("infer_providers", "check_baseline", "freeze_weights"):
+        for name in ("infer_providers", "check_baseline", "freeze_weights", "size_constants"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Options.{name} must be a bool, got {getattr(self, name)!r}")
         if self.session_options is not None and not isinstance(self.session_options, onnxruntime.SessionOptions):

@@ -6,7 +6,10 @@ import builtins
 import dis
 import math
 import os
+import threading
 
+import numpy as np
+import onnxruntime
 import sympy
 import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as C
@@ -153,7 +156,64 @@ def build_runner(
         session_for,
         lowered.failures,
         (lowered.pattern_key, ort_device(torch.device("cpu"))) if lowered.pattern_key else None,
+        _size_constants(name, lowered),
     )
+
+
+def _size_constants(name: str, lowered: LoweredGraph):
+    prelude = lowered.size_prelude
+    if prelude is None:
+        return None
+    positions = {spec.name: i for i, spec in enumerate(lowered.inputs) if spec.name}
+    sources = [(positions[n], is_shape) for n, is_shape in prelude.inputs]
+    return SizeConstants(name, prelude, sources), len(prelude.outputs)
+
+
+class SizeConstants:
+    """The size prelude of a graph (ortlite.lower.hoist), run once per set of values of the
+    integer arguments it reads, its results kept for the next calls with those values.
+    A call: args -> the tensors the main model takes after the arguments. sources: per
+    prelude input, (argument index, whether the prelude reads its shape, not its value)."""
+
+    MAX_ENTRIES = 8  # sets of sizes kept (the oldest goes first)
+    MAX_BYTES = 16 << 20  # results larger than this (together) are computed per call, not kept
+
+    def __init__(self, name: str, prelude, sources: list[tuple[int, bool]]):
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        options.log_severity_level = 4  # a failure reaches the caller as the exception
+        self.session = onnxruntime.InferenceSession(prelude.model, options, providers=["CPUExecutionProvider"])
+        self.name = name
+        self.names = [i.name for i in self.session.get_inputs()]
+        self.values = [i for i, is_shape in sources if not is_shape]
+        self.shapes = [i for i, is_shape in sources if is_shape]
+        self.cache: dict[tuple, tuple] = {}
+        self.misses = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, args: tuple) -> tuple:
+        try:
+            key = tuple([args[i] for i in self.values] + [args[i].shape for i in self.shapes])
+        except AttributeError:  # not a tensor: placeholders, for the runner to name the bad argument
+            return tuple(torch.empty(0) for _ in self.session.get_outputs())
+        tensors = self.cache.get(key)
+        if tensors is None:
+            tensors = self.compute(key)
+        return tensors
+
+    def compute(self, key: tuple) -> tuple:
+        for i, value in zip(self.values, key):
+            if type(value) is not int:
+                raise TypeError(f"ortlite graph {self.name}: argument {i} must be an int, got {type(value).__name__}")
+        outputs = self.session.run(None, {n: np.array(v, dtype=np.int64) for n, v in zip(self.names, key)})
+        tensors = tuple(torch.from_numpy(o).contiguous() for o in outputs)
+        with self._lock:
+            self.misses += 1
+            if sum(t.nbytes for t in tensors) <= self.MAX_BYTES:
+                if len(self.cache) >= self.MAX_ENTRIES:
+                    del self.cache[next(iter(self.cache))]
+                self.cache[key] = tensors
+        return tensors
 
 
 def _stream_switch(device: torch.device, session_for_stream):

@@ -15,6 +15,7 @@ import torch.fx
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
 from .fusions import fold_flattening_reshapes, fuse_rms_norm
+from .hoist import SizePrelude, split_size_constants
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
@@ -72,6 +73,9 @@ class LoweredGraph:
     # (as aten raises), or, to torch, fail the run at the node the message names
     failures: list = dataclasses.field(default_factory=list)
     pattern_key: str | None = None  # the input the runner feeds its memory-pattern key (see below)
+    # nodes of integer arguments and constants alone, run apart once per set of their values
+    # (lower.hoist); their results are the last inputs, after the graph's own arguments
+    size_prelude: SizePrelude | None = None
 
 
 def _scalar_kind(val) -> str | None:
@@ -85,12 +89,20 @@ def _scalar_kind(val) -> str | None:
 
 
 def lower_graph(
-    gm: torch.fx.GraphModule, opset: int, constants: dict | None = None, symbol_ranges: dict | None = None, *, stable_ties: bool = False
+    gm: torch.fx.GraphModule,
+    opset: int,
+    constants: dict | None = None,
+    symbol_ranges: dict | None = None,
+    *,
+    stable_ties: bool = False,
+    hoist_sizes: bool = False,
 ) -> LoweredGraph:
     """constants: placeholder name -> tensor, for placeholders that become initializers
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
     overriding the ShapeEnv's (torch.export's range_constraints are the user's Dims).
-    stable_ties: Options.sort_ties == "stable"."""
+    stable_ties: Options.sort_ties == "stable". hoist_sizes: move what integer arguments
+    and constants alone determine into a size prelude (see lower.hoist; the runner of
+    runner.build_runner runs it)."""
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
@@ -165,7 +177,15 @@ def lower_graph(
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
     fold_flattening_reshapes(model.graph, known, g.node_origin)
-    return LoweredGraph(model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key)
+    prelude = None
+    if hoist_sizes and pattern_key is not None:  # (CPU graphs whose sizes vary: the same test)
+        split = split_size_constants(model, [s.name for s in inputs if s.kind == INT], [s.name for s in inputs if s.kind == TENSOR])
+        if split is not None:
+            model, prelude, specs = split
+            inputs = inputs + [InputSpec(TENSOR, name, dtype, shape, torch.device("cpu")) for name, dtype, shape in specs]
+    return LoweredGraph(
+        model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key, prelude
+    )
 
 
 def _sizes_vary(inputs: list[InputSpec], ort_outputs: list[InputSpec]) -> bool:

@@ -1,0 +1,160 @@
+"""Size constants: the part of a symbolic graph that its integer arguments, the shapes of
+its tensor arguments and its constants alone determine (Options.size_constants).
+
+With static sizes ONNX Runtime folds such nodes (a causal mask, the indices of a padding-mask
+gather, position ranges) into constants. With symbolic sizes it computes them at every run:
+a LLaMA graph at zoo size runs 34 nodes more than its static twin. split_size_constants
+moves them into a prelude model whose inputs are those integers and shapes; the runner runs
+it once per set of their values (runner.SizeConstants keeps the results) and feeds its
+outputs to the main model as inputs.
+
+Nothing else counts as size-only: not tensor values, not frozen weights (they can change
+between calls, and are still graph inputs here), not floats (0.0 and -0.0 are equal keys
+of different values), not random ops, not nodes with subgraphs, not graph outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx
+from onnx import helper
+
+from .builder import IR_VERSION, ONNX_TO_TORCH
+
+# ops whose result is not a function of their inputs
+_NOT_PURE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+@dataclasses.dataclass
+class SizePrelude:
+    model: bytes  # inputs: int64 scalars and shapes; outputs: the values the main model takes as inputs
+    # per prelude input, (main graph input, whether the prelude takes its shape, not its value)
+    inputs: list[tuple[str, bool]]
+    outputs: list[str]  # its outputs, in the order the main graph takes them after its arguments
+
+
+def _names_read(node: onnx.NodeProto) -> set[str]:
+    """Values a node reads, including those its subgraphs (If, Loop) read from outside."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            for inner in graph.node:
+                names |= _names_read(inner)
+    return names
+
+
+def _shape_of_input(node: onnx.NodeProto, tensor_inputs: set[str]) -> bool:
+    return node.op_type == "Shape" and node.domain in ("", "ai.onnx") and node.input[0] in tensor_inputs
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
+def _from_shape_input(node: onnx.NodeProto, shape_input: str, taken: set[str]) -> list[onnx.NodeProto]:
+    """In the prelude, Shape(x, start, end) reads x's shape from an input of the prelude."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not attrs:
+        return [helper.make_node("Identity", [shape_input], list(node.output))]
+    bounds = [_fresh(f"{node.output[0]}_start", taken), _fresh(f"{node.output[0]}_end", taken)]
+    values = [attrs.get("start", 0), attrs.get("end", 2**63 - 1)]
+    return [
+        *(helper.make_node("Constant", [], [b], value=helper.make_tensor(b, onnx.TensorProto.INT64, [1], [v])) for b, v in zip(bounds, values)),
+        helper.make_node("Slice", [shape_input, *bounds], list(node.output)),
+    ]
+
+
+def split_size_constants(model: onnx.ModelProto, int_inputs: list[str], tensor_inputs: list[str] = ()):
+    """(main model, SizePrelude, [(name, torch dtype, shape) per new input of the main model,
+    shapes of ints and names of symbolic dims]); None where nothing is worth moving or onnx
+    cannot infer the types of what would be moved. model is not changed."""
+    graph = model.graph
+    input_names = {i.name for i in graph.input}
+    constant = {t.name for t in graph.initializer if t.name not in input_names}  # an initializer that is an input can be fed
+    size_only = set(int_inputs) | constant
+    tensor_inputs = set(tensor_inputs)
+    graph_outputs = {o.name for o in graph.output}
+    hoisted, constants_used = [], []
+    for node in graph.node:
+        has_subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            size_only.update(node.output)
+            constants_used.append(node)
+            continue
+        if _shape_of_input(node, tensor_inputs) and not graph_outputs.intersection(node.output):
+            size_only.update(node.output)
+            hoisted.append(node)
+            continue
+        if (
+            node.input and not has_subgraph and node.op_type not in _NOT_PURE
+            and all(i in size_only for i in node.input if i) and not graph_outputs.intersection(node.output)
+        ):
+            size_only.update(node.output)
+            hoisted.append(node)
+    if not hoisted:
+        return None
+    hoisted_ids = {id(n) for n in hoisted}
+    read_by_rest = set()
+    for node in graph.node:
+        if id(node) not in hoisted_ids:
+            read_by_rest |= _names_read(node)
+    frontier = [o for n in hoisted for o in n.output if o in read_by_rest]
+    if not frontier:
+        return None
+    # the prelude: the hoisted nodes (and the constants they read) that the frontier needs
+    needed, nodes = set(frontier), []
+    for node in reversed(hoisted):
+        if needed.intersection(node.output):
+            nodes.append(node)
+            needed |= {i for i in node.input if i}
+    nodes += [n for n in constants_used if needed.intersection(n.output)]
+    by_position = {id(n): k for k, n in enumerate(graph.node)}
+    nodes.sort(key=lambda n: by_position[id(n)])
+    prelude_inputs = [(name, False) for name in int_inputs if name in needed]
+    value_infos = [helper.make_tensor_value_info(name, onnx.TensorProto.INT64, []) for name, _ in prelude_inputs]
+    shape_inputs: dict[str, str] = {}  # tensor input -> the prelude input holding its shape
+    ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in graph.input}
+    taken = input_names | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    for k, node in enumerate(nodes):
+        if _shape_of_input(node, tensor_inputs):
+            x = node.input[0]
+            if x not in shape_inputs:
+                shape_inputs[x] = _fresh(f"{x}_shape", taken)
+                prelude_inputs.append((x, True))
+                value_infos.append(helper.make_tensor_value_info(shape_inputs[x], onnx.TensorProto.INT64, [ranks[x]]))
+            nodes[k] = _from_shape_input(node, shape_inputs[x], taken)
+    nodes = [m for n in nodes for m in (n if isinstance(n, list) else [n])]
+    prelude = helper.make_graph(
+        nodes,
+        "ortlite_sizes",
+        value_infos,
+        [helper.make_value_info(name, onnx.TypeProto()) for name in frontier],
+        [t for t in graph.initializer if t.name in needed],
+    )
+    prelude_model = helper.make_model(prelude, opset_imports=model.opset_import, ir_version=IR_VERSION)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(prelude_model, strict_mode=True)
+    except Exception:  # an op onnx cannot infer: leave the graph as it is
+        return None
+    types = {v.name: v.type.tensor_type for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    specs = []
+    for name in frontier:
+        t = types.get(name)
+        if t is None or t.elem_type not in ONNX_TO_TORCH or not t.HasField("shape"):
+            return None
+        dims = tuple(d.dim_value if d.HasField("dim_value") else f"{name}_d{k}" for k, d in enumerate(t.shape.dim))
+        specs.append((name, ONNX_TO_TORCH[t.elem_type], dims))
+    del prelude_model.graph.output[:]
+    prelude_model.graph.output.extend(helper.make_tensor_value_info(n, types[n].elem_type, None) for n in frontier)
+    main = onnx.ModelProto()
+    main.CopyFrom(model)
+    del main.graph.node[:]
+    main.graph.node.extend(n for n in graph.node if id(n) not in hoisted_ids)
+    main.graph.input.extend(helper.make_tensor_value_info(name, types[name].elem_type, dims) for name, _, dims in specs)
+    return main, SizePrelude(prelude_model.SerializeToString(), prelude_inputs, frontier), specs

@@ -1,0 +1,162 @@
+"""Options(size_constants=True): what integer arguments, sizes and constants alone determine
+is computed apart (ortlite.lower.hoist), once per set of their values, and fed to the graph.
+A stale or misplaced value would be a silently wrong result, so every case is called in a
+loop whose sizes and ints change, come back (cache hits) and outnumber the cache (evictions),
+each call compared with eager."""
+
+import random
+
+import pytest
+import torch
+
+import ortlite
+import ortlite.runner
+from conftest import assert_same
+from test_changing_shapes import Program, assert_like_eager
+
+ON = ortlite.Options(size_constants=True, fallback="error")
+
+
+def _causal(x):  # a causal mask from the sizes, applied to data
+    s = x.shape[-1]
+    return x.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), -1.0)
+
+
+def _padding_gather(x, mask):  # transformers' padding mask: mask[batch_idx, kv_idx]
+    b, s = mask.shape
+    rows = torch.arange(b)[:, None].expand(b, s)
+    cols = torch.arange(s)[None, :].expand(b, s)
+    return x * mask[rows, cols]
+
+
+def _positions(x):  # rotary-like: angles from a position range
+    pos = torch.arange(x.shape[1], dtype=torch.float32)
+    freq = 1.0 / (10000 ** (torch.arange(0, 4, 2, dtype=torch.float32) / 4))
+    angles = pos[:, None] * freq[None, :]
+    return x * torch.cat([angles.cos(), angles.sin()], -1).sum(-1)
+
+
+def _window(x, n):  # an int argument: a band of width n
+    s = x.shape[1]
+    i = torch.arange(s)
+    return x * ((i[:, None] - i[None, :]).abs() < n).float().sum(0)
+
+
+def _counts(x):
+    return x + torch.ones(x.shape[0], 1).cumsum(0) * x.shape[1]
+
+
+def _negative_index(x):  # indices normalized against a symbolic size
+    s = x.shape[1]
+    return x[:, torch.arange(-s, 0)]
+
+
+CASES = {
+    "causal": (_causal, lambda s: (torch.randn(s, s),)),
+    "padding_gather": (_padding_gather, lambda s: (torch.randn(3, s), (torch.rand(3, s) > 0.3).float())),
+    "positions": (_positions, lambda s: (torch.randn(2, s),)),
+    "window": (_window, lambda s: (torch.randn(2, s), s // 3 + 1)),
+    "counts": (_counts, lambda s: (torch.randn(s, 5),)),
+    "negative_index": (_negative_index, lambda s: (torch.randn(2, s),)),
+}
+# first two calls at one size (Dynamo's first compile), then new sizes, repeats and more
+# distinct sizes than SizeConstants keeps
+SIZES = [4, 4, 7, 9, 7, 4, 11, 13, 5, 6, 8, 10, 12, 14, 15, 4, 9]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_size_constants_match_eager_as_sizes_change(case, dynamic):
+    fn, make = CASES[case]
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    torch.manual_seed(0)
+    for s in SIZES:
+        args = make(s)
+        assert_same(compiled(*args), fn(*args))
+    hoisted = [r.size_constants for r in backend._runners if r.size_constants is not None]
+    assert hoisted, "nothing was computed apart"
+    assert sum(len(h.cache) for h in hoisted) > 0
+    assert all(len(h.cache) <= h.MAX_ENTRIES for h in hoisted)
+    # fewer prelude runs than calls with symbolic sizes: repeated sizes were served from the cache
+    assert sum(h.misses for h in hoisted) < sum(r.runs for r in backend._runners if r.size_constants is not None)
+
+
+def test_off_by_default_and_on_gives_the_same_results():
+    assert ortlite.Options().size_constants is False
+    fn, make = CASES["padding_gather"]
+    off, on = ortlite.Backend(), ortlite.Backend(ON)
+    f_off, f_on = torch.compile(fn, backend=off, dynamic=True), torch.compile(fn, backend=on, dynamic=True)
+    for s in SIZES[:6]:
+        args = make(s)
+        torch.testing.assert_close(f_on(*args), f_off(*args), rtol=0, atol=0)
+    assert all(r.size_constants is None for r in off._runners)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor([2.0]))
+
+    def forward(self, x):
+        return x + torch.arange(x.shape[1], dtype=torch.float32) * self.scale
+
+
+def test_a_weight_that_changes_is_never_part_of_the_size_constants():
+    """A buffer is a frozen weight under no_grad, watched for changes: what is computed from
+    it must stay in the graph, not in a cache keyed by sizes alone."""
+    model = _Scaled()
+    compiled = torch.compile(model, backend=ortlite.Backend(ON), dynamic=True)
+    with torch.no_grad():
+        for step, s in enumerate([5, 5, 8, 5, 8, 5]):
+            x = torch.randn(2, s)
+            assert_same(compiled(x), model(x))
+            if step % 2:
+                model.scale.mul_(3)  # in place, between calls at sizes seen before
+
+
+def test_results_too_large_to_keep_are_computed_every_call(monkeypatch):
+    monkeypatch.setattr(ortlite.runner.SizeConstants, "MAX_BYTES", 0)
+    fn, make = CASES["causal"]
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for s in [6, 6, 9, 6, 9]:
+        args = make(s)
+        assert_same(compiled(*args), fn(*args))
+    hoisted = [r.size_constants for r in backend._runners if r.size_constants is not None]
+    assert hoisted and all(not h.cache for h in hoisted)
+    assert sum(h.misses for h in hoisted) == sum(r.runs for r in backend._runners if r.size_constants is not None)
+
+
+def test_a_bad_argument_is_named_not_crashed_on(monkeypatch):
+    calls = []
+    call = ortlite.runner.SizeConstants.__call__
+    monkeypatch.setattr(ortlite.runner.SizeConstants, "__call__", lambda self, args: calls.append(args) or call(self, args))
+    fn, make = CASES["window"]
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for s in [6, 8]:
+        compiled(*make(s))
+    (runner,) = [r for r in backend._runners if r.size_constants is not None]
+    args = list(calls[-1])
+    for position, bad in [(next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor)), "a string"),
+                          (next(i for i, a in enumerate(args) if type(a) is int), 2.5)]:
+        wrong = list(args)
+        wrong[position] = bad
+        with pytest.raises((TypeError, ValueError), match=rf"ortlite graph .*argument {position}"):
+            runner(wrong)
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("seed", range(8))
+def test_random_view_chains_with_size_constants_match_eager(seed, dynamic):
+    """test_changing_shapes' random chains of views and int arguments, with values that
+    come back (cache hits) between new ones."""
+    program = Program(random.Random(seed))
+    fn = program.function()
+    compiled = torch.compile(fn, backend=ortlite.Backend(ortlite.Options(size_constants=True)), dynamic=dynamic)
+    for call in [0, 1, 2, 1, 3, 2, 4, 1]:
+        program.rng = random.Random(seed * 100 + call)  # the same ints whenever a call number comes back
+        t, ints = program.arguments(call)
+        assert_like_eager(compiled(t, *ints), fn(t, *ints), [t], f"{program.describe()} call {call} ints {ints} shape {list(t.shape)}")
+    torch._dynamo.reset()
