@@ -160,3 +160,41 @@ def test_random_view_chains_with_size_constants_match_eager(seed, dynamic):
         t, ints = program.arguments(call)
         assert_like_eager(compiled(t, *ints), fn(t, *ints), [t], f"{program.describe()} call {call} ints {ints} shape {list(t.shape)}")
     torch._dynamo.reset()
+
+
+class _MaskedAttention(torch.nn.Module):
+    """Scores masked by a causal mask and positions built from the sequence length."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        s = x.shape[1]
+        h = self.proj(x) + torch.arange(s, dtype=torch.float32)[None, :, None] / s
+        scores = h @ h.transpose(1, 2)
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        return scores.softmax(-1) @ h
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_training_with_size_constants_matches_eager_gradients(dynamic):
+    """Backward graphs are compiled the same way: their size constants too."""
+    torch.manual_seed(0)
+    model = _MaskedAttention()
+    reference = _MaskedAttention()
+    reference.load_state_dict(model.state_dict())
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    for s in [5, 5, 7, 9, 7, 5]:
+        x = torch.randn(2, s, 8, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        out, expected = compiled(x), reference(x_ref)
+        assert_same(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        assert_same(x.grad, x_ref.grad)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert_same(p.grad, q.grad)
+            p.grad = q.grad = None
+    assert any(r.size_constants is not None for r in backend._runners)
