@@ -256,6 +256,26 @@ def test_edited_graph_and_foreign_file(tmp_path):
         ortlite.load(path)
 
 
+BERT_COMPILE = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    import transformers
+    import ortlite
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    model = transformers.BertModel(config).eval()
+    x = torch.randint(0, config.vocab_size, (1, 128))
+    start = time.perf_counter()
+    compiled = ortlite.compile(model, (x,))
+    seconds = time.perf_counter() - start
+    compiled.save(sys.argv[1])
+    torch.save({"x": x, "out": compiled(x).last_hidden_state}, sys.argv[2])
+    print(seconds)
+    """
+)
+
 BERT_LOAD = textwrap.dedent(
     """
     import sys, time
@@ -282,31 +302,28 @@ BERT_LOAD = textwrap.dedent(
 
 
 def test_load_bert_in_a_fresh_process(tmp_path):
-    """Load + first call of a saved BERT h256 L4: <= 1/4 of compiling it (imports
-    of torch, transformers' output types and ortlite not counted), equal results."""
-    import time
-
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
-    model = transformers.BertModel(config).eval()
-    x = torch.randint(0, config.vocab_size, (1, 128))
-    start = time.perf_counter()
-    compiled = ortlite.compile(model, (x,))
-    compile_seconds = time.perf_counter() - start
-    compiled.save(tmp_path / "bert.onnx")
-    torch.save({"x": x, "out": compiled(x).last_hidden_state}, tmp_path / "io.pt")
-    script = tmp_path / "load.py"
-    script.write_text(BERT_LOAD)
+    """Load + first call of a saved BERT h256 L4 in a fresh process: <= 1/4 of compiling it
+    in a fresh process (imports of torch, transformers and ortlite not counted in either),
+    equal results. Both cold: compiling in this process, warm from the tests before it, was
+    up to 3x faster than in a fresh one, and made the ratio depend on test order."""
+    pytest.importorskip("transformers")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(ortlite.__file__)), os.environ.get("PYTHONPATH", "")])}
+
+    def seconds(source: str, *args) -> float:
+        script = tmp_path / "script.py"
+        script.write_text(source)
+        run = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return float(run.stdout.split()[-1])
+
+    compile_seconds = seconds(BERT_COMPILE, tmp_path / "bert.onnx", tmp_path / "io.pt")
     times = []
     for _ in range(3):  # another fresh process only if one was slowed by the shared machine
-        run = subprocess.run([sys.executable, str(script), str(tmp_path / "bert.onnx"), str(tmp_path / "io.pt")], capture_output=True, text=True, env=env)
-        assert run.returncode == 0, run.stderr[-3000:]
-        times.append(float(run.stdout.split()[-1]))
+        times.append(seconds(BERT_LOAD, tmp_path / "bert.onnx", tmp_path / "io.pt"))
         if times[-1] <= compile_seconds / 4:
             break
     # the issue's 0.5 s is a figure for the note (measured on a quiet machine); here, where CI
-    # shares its cores, only the ratio to compiling in the same run, and a bound 3x looser
+    # shares its cores, only the ratio to compiling, and a bound 3x looser
     assert min(times) <= compile_seconds / 4 and min(times) <= 1.5, (times, compile_seconds)
 
 
