@@ -43,6 +43,7 @@ def main() -> None:
     eager_forward = model.forward
     backend = ortlite.Backend()
     compiled_forward = torch.compile(model.forward, backend=backend)
+    copies = itertools.count()
 
     def copy(size_constants: bool):
         """model.forward behind a code object of its own (Dynamo keeps entries per code)."""
@@ -57,7 +58,6 @@ def main() -> None:
     # its size constants anew (see the option's doc for where it pays). A graph compiled
     # later in a process ran up to 10% faster on these machines: each variant is compiled
     # twice, in opposite orders, and timed as the mean of both.
-    copies = itertools.count()
     candidates = {
         "eager": eager_forward,
         "ortlite": compiled_forward,

@@ -185,8 +185,10 @@ class SizeConstants:
         self.session = onnxruntime.InferenceSession(prelude.model, options, providers=["CPUExecutionProvider"])
         self.name = name
         self.names = [i.name for i in self.session.get_inputs()]
+        # the key lists values, then shapes: the prelude's inputs come in that order (lower.hoist)
         self.values = [i for i, is_shape in sources if not is_shape]
         self.shapes = [i for i, is_shape in sources if is_shape]
+        assert [is_shape for _, is_shape in sources] == sorted(is_shape for _, is_shape in sources)
         self.cache: dict[tuple, tuple] = {}
         self.misses = 0
         self._lock = threading.Lock()

@@ -82,19 +82,15 @@ def split_size_constants(model: onnx.ModelProto, int_inputs: list[str], tensor_i
     graph_outputs = {o.name for o in graph.output}
     hoisted, constants_used = [], []
     for node in graph.node:
-        has_subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             size_only.update(node.output)
             constants_used.append(node)
             continue
-        if _shape_of_input(node, tensor_inputs) and not graph_outputs.intersection(node.output):
-            size_only.update(node.output)
-            hoisted.append(node)
-            continue
-        if (
-            node.input and not has_subgraph and node.op_type not in _NOT_PURE
-            and all(i in size_only for i in node.input if i) and not graph_outputs.intersection(node.output)
-        ):
+        has_subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        of_sizes = _shape_of_input(node, tensor_inputs) or (
+            node.input and not has_subgraph and node.op_type not in _NOT_PURE and all(i in size_only for i in node.input if i)
+        )
+        if of_sizes and not graph_outputs.intersection(node.output):
             size_only.update(node.output)
             hoisted.append(node)
     if not hoisted:
