@@ -683,7 +683,10 @@ def raw_counts():
 cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize):
     """True when nothing but the binding can reach tensor t or its memory: no other Python
     reference, no C++ reference (autograd, views, DLPack), no other user of its storage,
-    no weak reference, no attributes, unchanged memory. Refilling it is then invisible.
+    no weak reference, unchanged memory. Refilling it is then invisible. Its attributes go
+    (they would have gone with it): aot_autograd stamps each output with symbolic sizes
+    (_dynamo_propagated_dynamic_indices), which otherwise kept every such output from being
+    recycled; a dict someone else holds keeps the tensor from being recycled.
     raw_itemsize: t's element size when it has elements and _raw_data holds (its data
     pointer is then read from torch's objects), else 0."""
     cdef void* impl
@@ -710,7 +713,12 @@ cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize)
             return False
     elif <uintptr_t>_data_ptr_of(t) != ptr:
         return False
-    return not PyObject_GenericGetDict(t, NULL)
+    attributes = PyObject_GenericGetDict(t, NULL)
+    if attributes:
+        if Py_REFCNT(attributes) != 2:  # the tensor's and this function's
+            return False
+        (<dict>attributes).clear()
+    return True
 
 
 cdef class Runner:

@@ -198,3 +198,38 @@ def test_slice_and_select_scatter_along_a_symbolic_dim():
         assert_same(compiled(x, s), fn(x, s))
         sessions.append(backend.stats.sessions)
     assert sessions[1] == sessions[-1]  # after Dynamo's recompile, one session serves all
+
+
+def test_outputs_with_symbolic_sizes_are_recycled_and_never_visible():
+    """aot_autograd stamps every output with symbolic sizes with an attribute
+    (_dynamo_propagated_dynamic_indices); a dropped result is still refilled, without the
+    attributes it had, and a result whose attributes someone still holds never is."""
+    from ortlite import _fast
+
+    fn = torch.compile(lambda x: torch.relu(x * 2 + 1), backend=ortlite.Backend(), dynamic=True)
+    with torch.no_grad():
+        fn(torch.randn(3, 4))
+        x = torch.randn(5, 4)
+        want = torch.relu(x * 2 + 1)
+        first = fn(x)
+        assert hasattr(first, "_dynamo_propagated_dynamic_indices")  # what used to block recycling
+        del first
+        pointers = set()
+        for _ in range(6):
+            out = fn(x)
+            assert_same(out, want)
+            pointers.add(out.data_ptr())
+        assert len(pointers) == (2 if _fast.raw_counts() else 6)  # the loop `y = f(x)` alternates two buffers
+        del out
+        tagged = fn(x)
+        tagged.note = "mine"
+        del tagged
+        held = fn(x)
+        held.note = "kept"
+        attributes = held.__dict__
+        del held
+        for _ in range(4):
+            out = fn(x + 1)
+            assert_same(out, torch.relu((x + 1) * 2 + 1))
+            assert not hasattr(out, "note")
+        assert attributes["note"] == "kept"
