@@ -562,6 +562,12 @@ _raw_data = RAW_DATA_LAYOUT is True
 # TypeMeta), sizes and strides (sizes_and_strides_: a count, then up to 5 sizes and 5 strides
 # inline). For CPU tensors of static shape (the C-API path); else TensorGuards.
 DEF MAX_RAW_DIMS = 5
+# ONNX Runtime keeps every memory plan it makes, and each holds memory about the size of
+# the run's intermediates: a session fed ever new sizes grows without bound (16k batch
+# sizes of an 8-layer MLP: 17 GB). A runner gives this many sets of sizes a plan of their
+# own; all later ones share one more (ORT then allocates what does not fit it one by one).
+DEF MAX_PATTERN_KEYS = 4
+DEF SHARED_PATTERN_KEY = 0x2545F4914F6CDD1D
 cdef Py_ssize_t _KEYS_OFFSET = -1
 cdef Py_ssize_t _DTYPE_OFFSET = -1
 cdef Py_ssize_t _DIMS_OFFSET = -1
@@ -797,6 +803,8 @@ cdef class Runner:
     cdef uint64_t static_dims_xor   # the XOR of the static fed tensors' dims, ORT's part of the key we know
     cdef Py_ssize_t* varying        # the dynamic tensor and int arguments, which the key hashes
     cdef Py_ssize_t n_varying
+    cdef uint64_t pattern_hashes[MAX_PATTERN_KEYS]  # the sets of sizes with a plan of their own
+    cdef Py_ssize_t n_pattern_keys
     cdef object __weakref__
     cdef dict __dict__  # holds _boxed_call, so that wrappers made with functools.wraps keep it
 
@@ -919,7 +927,8 @@ cdef class Runner:
     cdef int _bind_pattern_key(self, _Binding b) except -1:
         """ONNX Runtime keys its cache of memory plans by the XOR of all fed dims (see
         ortlite.lower._sizes_vary). Binds the key input with the first dim that turns that
-        XOR into a hash of the dynamic sizes and int arguments bound now."""
+        XOR into a hash of the dynamic sizes and int arguments bound now, for the first
+        MAX_PATTERN_KEYS sets of them; later sets all get SHARED_PATTERN_KEY."""
         cdef uint64_t xor = self.static_dims_xor, h = 14695981039346656037ULL  # FNV-1a
         cdef int64_t n
         cdef Py_ssize_t k, i
@@ -931,6 +940,15 @@ cdef class Runner:
                 for d in b.bound_shapes[i]:
                     xor ^= <uint64_t>d
                     h = (h ^ <uint64_t>d) * 1099511628211ULL
+        for k in range(self.n_pattern_keys):
+            if self.pattern_hashes[k] == h:
+                break
+        else:
+            if self.n_pattern_keys < MAX_PATTERN_KEYS:
+                self.pattern_hashes[self.n_pattern_keys] = h
+                self.n_pattern_keys += 1
+            else:
+                h = SHARED_PATTERN_KEY << 2
         n = <int64_t>((xor ^ (h >> 2)) & 0x7FFFFFFFFFFFFFFFULL)  # dims are < 2**63: so is the XOR with them
         if n != b.bound_key:
             if b.iob is None:
