@@ -334,6 +334,7 @@ cdef class _Binding:
     cdef list outputs            # the output tensors bound last (kept only when recycling)
     cdef uintptr_t* bound_out_ptrs  # per ONNX output: the data pointer bound (recycling)
     cdef int64_t bound_key       # the pattern key's first dim bound (-1: none yet)
+    cdef object bound_constants  # the size constants' tuple bound last (ortlite.runner.SizeConstants)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -897,8 +898,8 @@ cdef class Runner:
         self.sizes_fn = sizes_fn
         self.recycle_max_bytes = recycle_max_bytes
         self.guard_factory = guard_factory
-        self.tensor_indices = [i for i in range(self.n_args) if self.kinds[i] == K_TENSOR]
-        self.all_tensors = len(self.tensor_indices) == self.n_args
+        self.tensor_indices = [i for i in range(self.n_given) if self.kinds[i] == K_TENSOR]
+        self.all_tensors = len(self.tensor_indices) == self.n_given
         self.failure_outputs = [f[0] for f in failures]
         self.failure_messages = [f[1] for f in failures]
         self.failure_to_torch = [f[2] for f in failures]
@@ -1059,15 +1060,17 @@ cdef class Runner:
             key = self.stream_of()
             if key != self.stream_key:
                 self._use_stream(key)
-        bound = args if self.size_constants is None else args + self.size_constants(args)
+        constants = None if self.size_constants is None else self.size_constants(args)
         b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
         failed = None
         try:
-            if (self.raw_checks != NULL and self._raw_guarded(bound)) or (
-                    self.guard_check is not None and self.guard_check(*self._tensor_args(bound))):
-                keep_alive = self._bind_guarded(b, bound)
+            if (self.raw_checks != NULL and self._raw_guarded(args)) or (
+                    self.guard_check is not None and self.guard_check(*self._tensor_args(args))):
+                keep_alive = self._bind_guarded(b, args)
             else:
-                keep_alive = self._bind_validated(b, bound)
+                keep_alive = self._bind_validated(b, args)
+            if constants is not None and constants is not b.bound_constants:
+                self._bind_constants(b, constants)
             if self.pattern_key is not None:
                 self._bind_pattern_key(b)
             if self.sizes_fn is not None:
@@ -1305,7 +1308,7 @@ cdef class Runner:
         cdef Py_ssize_t i
         cdef int kind
         cdef uintptr_t ptr
-        for i in range(self.n_args):
+        for i in range(self.n_given):
             kind = self.c_kinds[i]
             a = args[i]
             if kind != K_TENSOR:
@@ -1324,6 +1327,21 @@ cdef class Runner:
                     self._bind_input(b, i, shape, ptr)
         return None
 
+    cdef _bind_constants(self, _Binding b, tuple constants):
+        """The size constants' tensors, bound after the arguments: made by SizeConstants
+        (contiguous, of the dtypes the prelude gives the model), not checked. The same tuple
+        comes back while sizes repeat, and a binding that bound it skips this."""
+        cdef Py_ssize_t k, i
+        cdef uintptr_t ptr
+        for k in range(len(constants)):
+            i = self.n_given + k
+            t = constants[k]
+            shape = t.shape
+            ptr = self._bind_ptr(t, 0)
+            if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:
+                self._bind_input(b, i, shape, ptr)
+        b.bound_constants = constants
+
     cdef bint _raw_guarded(self, tuple args):
         cdef Py_ssize_t k
         for k in range(self.n_raw_checks):
@@ -1338,7 +1356,7 @@ cdef class Runner:
         import."""
         cdef Py_ssize_t i, k = 0
         self.raw_tried = True
-        tensors = [i for i in range(self.n_args) if self.c_kinds[i] == K_TENSOR]
+        tensors = [i for i in range(self.n_given) if self.c_kinds[i] == K_TENSOR]
         if not _raw_guard or not tensors or any(
                 not self.c_static[i] or self.in_device_index[i] != -1 or len(self.in_shapes[i]) > MAX_RAW_DIMS
                 or (type(args[i]) is not Tensor and type(args[i]) is not _Parameter)  # no subclass's own layout
@@ -1400,7 +1418,7 @@ cdef class Runner:
         cdef bint copied = False
         cdef uintptr_t ptr
         keep_alive = []
-        for i in range(self.n_args):
+        for i in range(self.n_given):
             kind = self.kinds[i]
             a = args[i]
             if kind == K_TENSOR:
