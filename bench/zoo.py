@@ -38,7 +38,7 @@ import ortlite
 import ortlite.logs
 
 RTOL = ATOL = 1e-4
-EXTRA_OPTIONS: dict = {}  # given to every ortlite candidate (--size-constants)
+EXTRA_OPTIONS: dict = {}  # given to every ortlite candidate (--no-size-constants)
 VOCAB = 100
 QUICK = ["bert", "gpt2", "llama", "t5", "vit", "resnet", "mixtral"]
 
@@ -833,10 +833,10 @@ def main(argv=None):
     parser.add_argument("--out", help="markdown file (default bench/results/zoo.md for a full run, none otherwise)")
     parser.add_argument("--json", help="also write every result (run_model's dicts, timings) to this file")
     parser.add_argument("--list", action="store_true", help="list the zoo and exit")
-    parser.add_argument("--size-constants", action="store_true", help="ortlite with Options(size_constants=True)")
+    parser.add_argument("--no-size-constants", action="store_true", help="ortlite with Options(size_constants=False)")
     args = parser.parse_args(argv)
-    if args.size_constants:
-        EXTRA_OPTIONS["size_constants"] = True
+    if args.no_size_constants:
+        EXTRA_OPTIONS["size_constants"] = False
     if args.list:
         for name, s in ZOO.items():
             print(f"{name:14} {s.family:8} {s.shapes}")
