@@ -143,6 +143,36 @@ def test_every_kind_of_weight_change_is_seen_by_the_next_call(make, dynamic, mon
     assert backend.stats.frozen == frozen  # still frozen: every change rebuilt
 
 
+# Dynamo's guards on module structure cost up to ~270 µs a call (README, "Frozen weights");
+# users who never restructure the model between calls may filter them out.
+SKIP_MODULE_GUARDS = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+
+
+@pytest.mark.parametrize("make", [bn_net, tiny_bert], ids=["bn_cnn", "bert"])
+def test_weight_changes_are_seen_with_dynamo_module_guards_filtered(make, monkeypatch):
+    """Without Dynamo's guards on nn.Modules, ortlite's own per-call check still sees every
+    kind of weight change: Dynamo passes the weights each call, read from the module."""
+    monkeypatch.setattr(ortlite.frozen, "MIN_CALLS", 0)
+    model, inputs = make()
+    compiled = torch.compile(model, backend=ortlite.Backend(), options=SKIP_MODULE_GUARDS)
+    check(compiled, model, inputs())
+    check(compiled, model, inputs(batch=3, size=10))
+    for change in CHANGES:
+        change(model)
+        check(compiled, model, inputs(batch=3, size=10))
+        check(compiled, model, inputs(batch=2, size=8))
+
+
+def test_weights_of_another_shape_with_dynamo_module_guards_filtered():
+    model = torch.nn.Linear(4, 3)
+    compiled = torch.compile(model, backend=ortlite.Backend(), options=SKIP_MODULE_GUARDS)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert_same(compiled(x), model(x))
+        model.weight.data, model.bias.data = torch.randn(5, 4), torch.randn(5)
+        assert_same(compiled(x), model(x))
+
+
 def test_weights_are_initializers_only_in_inference_graphs():
     model, inputs = bn_net()
     backend = ortlite.Backend()
