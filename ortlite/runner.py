@@ -17,7 +17,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from . import _fast
 from .frozen import FrozenWeights, frozen_model_bytes
-from .lower import LoweredGraph
+from .lower import LoweredGraph, sizes_vary
 from .lower.builder import TORCH_TO_ONNX, sym_expr
 from .session import current_cuda_stream, ort_device
 
@@ -50,12 +50,20 @@ def runner_for(
     if frozen:
         return _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen, unfrozen)
     model_bytes = lowered.model.SerializeToString()
+    unplanned = _unkeyed_varying_sizes(lowered)
 
     def session_for_stream(stream):
-        return sessions.get(model_bytes, options, devices, stream, lowered.disabled_optimizers)
+        return sessions.get(model_bytes, options, devices, stream, lowered.disabled_optimizers, unplanned)
 
     sess = session_for_stream(current_cuda_stream(devices))
     return build_runner(name, lowered, sess, boxed=boxed, cls=cls, session_for_stream=session_for_stream)
+
+
+def _unkeyed_varying_sizes(lowered: LoweredGraph) -> bool:
+    """Sizes vary, and the graph has no memory-pattern key input (not a CPU graph): ONNX
+    Runtime would key its plans by the XOR of the fed dims, one per size, and keep them all
+    (each holds about a run's intermediates). Its session makes no plans."""
+    return lowered.pattern_key is None and sizes_vary(lowered.inputs)
 
 
 def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen: dict, unfrozen):
@@ -66,7 +74,7 @@ def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, fr
     def make_session(weights: dict, stream=None):
         if stream is None:
             stream = current_cuda_stream(devices)
-        return sessions.frozen(model_bytes, options, devices, stream, lowered.disabled_optimizers, weights)
+        return sessions.frozen(model_bytes, options, devices, stream, lowered.disabled_optimizers, weights, _unkeyed_varying_sizes(lowered))
 
     if unfrozen is None:  # the same graph with its weights bound as inputs
 

@@ -160,21 +160,22 @@ class SessionCache:
         devices: set[torch.device],
         stream: int | None = None,
         disabled_optimizers: tuple = (),
+        unplanned: bool = False,
     ) -> C.InferenceSession:
         providers = with_compute_stream(resolve_providers(options, devices), stream)
-        key = (hashlib.sha256(model_bytes).digest(), tuple(providers), id(options.session_options), disabled_optimizers)
+        key = (hashlib.sha256(model_bytes).digest(), tuple(providers), id(options.session_options), disabled_optimizers, unplanned)
         sess = self._sessions.get(key)
         if sess is None:
-            sess = create_session(model_bytes, options, providers, devices, disabled_optimizers)
+            sess = create_session(model_bytes, options, providers, devices, disabled_optimizers, unplanned=unplanned)
             self._sessions[key] = sess
             self.created += 1
         return sess
 
-    def frozen(self, model_bytes, options, devices, stream, disabled_optimizers, weights: dict):
+    def frozen(self, model_bytes, options, devices, stream, disabled_optimizers, weights: dict, unplanned: bool = False):
         """A session whose initializers include `weights` (name -> tensor, by pointer), for one
         runner alone: never shared through the cache, since its weights are a module's own."""
         providers = with_compute_stream(resolve_providers(options, devices), stream)
-        sess = create_session(model_bytes, options, providers, devices, disabled_optimizers, weights)
+        sess = create_session(model_bytes, options, providers, devices, disabled_optimizers, weights, unplanned=unplanned)
         self.created += 1
         return sess
 
@@ -232,13 +233,17 @@ def create_session(
     devices: set[torch.device],
     disabled_optimizers: tuple = (),
     weights: dict | None = None,
+    unplanned: bool = False,
 ):
     """The session for these providers: through the C API where it serves them, else the
     pybind module. model_bytes: the serialized model, or the path of a saved one (whose
     external data lies beside it; the pybind module reads those). Raises ProviderUnavailable
     when the provider the graph's devices need cannot run (ORT itself would fall back to CPU
     in silence and then read device pointers on the host); drops other providers that cannot,
-    with a warning."""
+    with a warning. unplanned: a graph whose sizes vary without a memory-pattern key input
+    (see ortlite.runner._unkeyed_varying_sizes; on CPU only graphs saved before the key
+    existed): ortlite's own options then turn memory patterns off (a user's SessionOptions
+    are theirs to set), through the pybind module."""
     if any(d.type == "cuda" for d in devices):
         _load_cuda_libraries_from_wheels()
     needed = {p[0] for p in (device_provider(d) for d in devices) if p is not None}
@@ -250,9 +255,11 @@ def create_session(
     if skipped:
         warn_once(f"ortlite: execution provider(s) skipped: {'; '.join(skipped)}")
     usable = [(name, opts) for name, opts in providers if not problems[name]]
-    if isinstance(model_bytes, bytes) and _c_api_serves(options, usable, disabled_optimizers):
+    if isinstance(model_bytes, bytes) and _c_api_serves(options, usable, disabled_optimizers) and not unplanned:
         return _c_session(model_bytes, weights)
     so = session_options(options, fresh=bool(weights))
+    if unplanned and options.session_options is None:
+        so.enable_mem_pattern = False
     if weights:  # initializers over torch's memory; ORT takes what it needs from them
         from .frozen import ort_values
 

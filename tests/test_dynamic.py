@@ -267,3 +267,25 @@ def test_outputs_with_symbolic_sizes_are_recycled_and_never_visible():
             assert_same(out, torch.relu((x + 1) * 2 + 1))
             assert not hasattr(out, "note")
         assert attributes["note"] == "kept"
+
+
+def test_sessions_whose_sizes_vary_without_a_key_make_no_memory_plans(monkeypatch):
+    """Where the graph has no key input (CUDA graphs; CPU graphs saved before it existed),
+    ONNX Runtime's own key is distinct per size and it would keep every plan: such
+    sessions are made with memory patterns off. (On CPU here: the key input is taken away.)"""
+    import ortlite.lower
+    import ortlite.session
+
+    monkeypatch.setattr(ortlite.lower, "_sizes_vary", lambda inputs, outputs: False)
+    made = []
+    real = ortlite.session.create_session
+    monkeypatch.setattr(ortlite.session, "create_session", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    fn = torch.compile(lambda x: torch.relu(x) * 2, backend=ortlite.Backend(), dynamic=True)
+    static = torch.compile(lambda x: torch.relu(x) * 3, backend=ortlite.Backend(), dynamic=False)
+    for n in (2, 3, 4):
+        x = torch.randn(n, 5)
+        assert_same(fn(x), torch.relu(x) * 2)
+        assert_same(static(x), torch.relu(x) * 3)
+    planned = [getattr(getattr(s, "session_options", None), "enable_mem_pattern", None) for s in made]
+    assert planned[0] is False  # the symbolic graph's session: pybind, no plans
+    assert all(p is not False for p in planned[1:])  # static graphs keep them (the C API session)

@@ -196,11 +196,16 @@ def _sizes_vary(inputs: list[InputSpec], ort_outputs: list[InputSpec]) -> bool:
     session then keeps the plan of the first sizes it ran, and at other sizes allocates each
     intermediate on its own (LLaMA, zoo size: 12% slower). The runner feeds this extra,
     zero-element input a first dim that makes the key a hash of all argument sizes and
-    integer arguments, so each set of sizes gets a plan of its own. CPU graphs alone: the
-    CUDA path has not run on a GPU yet."""
-    varying = any(s.kind == INT or (s.kind == TENSOR and not all(isinstance(d, int) for d in s.shape)) for s in inputs)
+    integer arguments, so each set of sizes gets a plan of its own (the first few: see
+    MAX_PATTERN_KEYS in _fast.pyx). CPU graphs alone: the CUDA path has not run on a GPU
+    yet, and other sessions whose sizes vary make no plans (ortlite.session)."""
     devices = [s.device for s in inputs + ort_outputs if s.device is not None]
-    return varying and all(d.type == "cpu" for d in devices)
+    return sizes_vary(inputs) and all(d.type == "cpu" for d in devices)
+
+
+def sizes_vary(inputs: list[InputSpec]) -> bool:
+    """Whether the graph takes int arguments or tensors of symbolic sizes."""
+    return any(s.kind == INT or (s.kind == TENSOR and not all(isinstance(d, int) for d in s.shape)) for s in inputs)
 
 
 def _deferred_int_input(g: GraphBuilder, name: str, inputs: list, index: int):
