@@ -47,10 +47,10 @@ def runner_for(
     if options.dump_dir:
         dump(options.dump_dir, name, lowered.model, gm)
     devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
+    unplanned = unkeyed_varying_sizes(lowered)
     if frozen:
-        return _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen, unfrozen)
+        return _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen, unfrozen, unplanned)
     model_bytes = lowered.model.SerializeToString()
-    unplanned = _unkeyed_varying_sizes(lowered)
 
     def session_for_stream(stream):
         return sessions.get(model_bytes, options, devices, stream, lowered.disabled_optimizers, unplanned)
@@ -59,14 +59,15 @@ def runner_for(
     return build_runner(name, lowered, sess, boxed=boxed, cls=cls, session_for_stream=session_for_stream)
 
 
-def _unkeyed_varying_sizes(lowered: LoweredGraph) -> bool:
+def unkeyed_varying_sizes(lowered: LoweredGraph) -> bool:
     """Sizes vary, and the graph has no memory-pattern key input (not a CPU graph): ONNX
     Runtime would key its plans by the XOR of the fed dims, one per size, and keep them all
-    (each holds about a run's intermediates). Its session makes no plans."""
+    (each holds about a run's intermediates). Its sessions make no plans (ortlite.session
+    create_session's `unplanned`), compiled or loaded."""
     return lowered.pattern_key is None and sizes_vary(lowered.inputs)
 
 
-def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen: dict, unfrozen):
+def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen: dict, unfrozen, unplanned: bool):
     indices = sorted(frozen)
     names = [lowered.inputs[i].name for i in indices]
     model_bytes = frozen_model_bytes(lowered.model, dict(zip(names, (frozen[i] for i in indices))))
@@ -74,7 +75,7 @@ def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, fr
     def make_session(weights: dict, stream=None):
         if stream is None:
             stream = current_cuda_stream(devices)
-        return sessions.frozen(model_bytes, options, devices, stream, lowered.disabled_optimizers, weights, _unkeyed_varying_sizes(lowered))
+        return sessions.frozen(model_bytes, options, devices, stream, lowered.disabled_optimizers, weights, unplanned)
 
     if unfrozen is None:  # the same graph with its weights bound as inputs
 

@@ -184,7 +184,7 @@ def _encode(e, symbols: dict):
 def load(path, options=None):
     """A CompiledModel from a file written by CompiledModel.save (see the module docstring)."""
     from .aot import attach, model_class
-    from .runner import build_runner
+    from .runner import build_runner, unkeyed_varying_sizes
     from .session import ProviderUnavailable, create_session, current_cuda_stream, resolve_providers, with_compute_stream
 
     options = Options.coerce(options)
@@ -202,9 +202,10 @@ def load(path, options=None):
         source = model.SerializeToString()
     devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
     providers = resolve_providers(options, devices)
+    unplanned = unkeyed_varying_sizes(lowered)
 
     def session_for_stream(stream):
-        return create_session(source, options, with_compute_stream(providers, stream), devices, lowered.disabled_optimizers)
+        return create_session(source, options, with_compute_stream(providers, stream), devices, lowered.disabled_optimizers, unplanned=unplanned)
 
     cls = model_class(lowered, bool(saved["weights"]), saved["mutations"], saved["in_spec"], saved["out_spec"])
     try:

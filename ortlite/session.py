@@ -241,7 +241,7 @@ def create_session(
     when the provider the graph's devices need cannot run (ORT itself would fall back to CPU
     in silence and then read device pointers on the host); drops other providers that cannot,
     with a warning. unplanned: a graph whose sizes vary without a memory-pattern key input
-    (see ortlite.runner._unkeyed_varying_sizes; on CPU only graphs saved before the key
+    (see ortlite.runner.unkeyed_varying_sizes; on CPU only graphs saved before the key
     existed): ortlite's own options then turn memory patterns off (a user's SessionOptions
     are theirs to set), through the pybind module."""
     if any(d.type == "cuda" for d in devices):

@@ -269,7 +269,7 @@ def test_outputs_with_symbolic_sizes_are_recycled_and_never_visible():
         assert attributes["note"] == "kept"
 
 
-def test_sessions_whose_sizes_vary_without_a_key_make_no_memory_plans(monkeypatch):
+def test_sessions_whose_sizes_vary_without_a_key_make_no_memory_plans(monkeypatch, tmp_path):
     """Where the graph has no key input (CUDA graphs; CPU graphs saved before it existed),
     ONNX Runtime's own key is distinct per size and it would keep every plan: such
     sessions are made with memory patterns off. (On CPU here: the key input is taken away.)"""
@@ -289,3 +289,19 @@ def test_sessions_whose_sizes_vary_without_a_key_make_no_memory_plans(monkeypatc
     planned = [getattr(getattr(s, "session_options", None), "enable_mem_pattern", None) for s in made]
     assert planned[0] is False  # the symbolic graph's session: pybind, no plans
     assert all(p is not False for p in planned[1:])  # static graphs keep them (the C API session)
+    # ahead of time, and a saved file loaded (as one written before the key input existed)
+    made.clear()
+    compiled = ortlite.compile(Relu2(), (torch.randn(3, 5),), dynamic_shapes=({0: Dim("n")},))
+    path = str(tmp_path / "unkeyed.onnx")
+    compiled.save(path)
+    loaded = ortlite.load(path)
+    for n in (2, 6):
+        x = torch.randn(n, 5)
+        assert_same(compiled(x), torch.relu(x) * 2)
+        assert_same(loaded(x), torch.relu(x) * 2)
+    assert [s.session_options.enable_mem_pattern for s in made] == [False, False]
+
+
+class Relu2(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
