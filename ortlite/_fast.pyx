@@ -558,6 +558,81 @@ RAW_DATA_LAYOUT = _verdict(_find_data_layout) if _raw_counts else None
 _raw_data = RAW_DATA_LAYOUT is True
 
 
+# TensorImpl.autograd_meta_ follows its storage_: null means the tensor cannot require grad,
+# which spares the recycling check torch's requires_grad getter (its __torch_function__ checks).
+cdef Py_ssize_t _AUTOGRAD_META_OFFSET = -1
+cdef bint _raw_autograd = False
+
+
+def _find_autograd_layout():
+    """Check where _unobservable reads autograd_meta_: True, or what failed."""
+    global _AUTOGRAD_META_OFFSET
+    _AUTOGRAD_META_OFFSET = _STORAGE_OFFSET + sizeof(void*)
+    for t in _fresh_tensors():
+        if (<void**>((<char*>_impl_of(t)) + _AUTOGRAD_META_OFFSET))[0] != NULL:
+            return "autograd metadata of a tensor that never required grad"
+        t.requires_grad_(t.is_floating_point())
+        if t.is_floating_point() and (<void**>((<char*>_impl_of(t)) + _AUTOGRAD_META_OFFSET))[0] == NULL:
+            return "autograd metadata of a tensor that requires grad"
+    return True
+
+
+AUTOGRAD_LAYOUT = _verdict(_find_autograd_layout) if _raw_counts else None
+_raw_autograd = AUTOGRAD_LAYOUT is True
+
+
+# The frozen-weight check's reads (Runner._weights_changed), straight from the TensorImpl
+# where its layout checks out: the version counter (version_counter_, an intrusive_ptr to a
+# VersionCounter whose uint32 version_ follows intrusive_ptr_target's vtable pointer and
+# counts; null for an inference tensor, which has none) and the data pointer of its storage.
+# torch's own getters cost ~150 ns a weight (a Python int each, __torch_function__ checks on
+# a Parameter); these a few ns.
+cdef Py_ssize_t _VERSION_COUNTER_OFFSET = -1
+DEF VERSION_IN_COUNTER = 16
+cdef bint _raw_versions = False
+
+
+cdef inline int64_t _raw_version(void* impl) noexcept:
+    """The tensor's version counter, -1 when it has none (an inference tensor)."""
+    cdef char* counter = (<char**>((<char*>impl) + _VERSION_COUNTER_OFFSET))[0]
+    return -1 if counter == NULL else (<uint32_t*>(counter + VERSION_IN_COUNTER))[0]
+
+
+cdef inline uintptr_t _frozen_ptr(object t, Py_ssize_t itemsize) noexcept:
+    """Where a frozen tensor's data is, as _weights_changed compares it (raw reads: also for an
+    empty tensor, whose data_ptr() is 0; it is only compared with itself)."""
+    cdef void* impl = _impl_of(t)
+    cdef char* storage = <char*>_storage_impl_of(impl)
+    if storage == NULL:
+        return 0
+    return ((<uintptr_t*>(storage + _DATA_OFFSET))[0]
+            + <uintptr_t>((<int64_t*>((<char*>impl) + _STORAGE_OFFSET_OFFSET))[0] * itemsize))
+
+
+def _find_version_layout():
+    """Check where _raw_version reads: True, or what failed."""
+    global _VERSION_COUNTER_OFFSET
+    _VERSION_COUNTER_OFFSET = _STORAGE_OFFSET + 3 * sizeof(void*)  # after autograd_meta_, extra_meta_
+    tensors = _fresh_tensors() + [torch.nn.Parameter(torch.ones(3)), torch.zeros(4, dtype=torch.bool)]
+    for t in tensors:
+        for step in range(3):
+            if _raw_version(_impl_of(t)) != t._version:
+                return "version counter"
+            with torch.no_grad():
+                t.zero_()
+        view = t.detach()[:1] if t.dim() else t.detach()
+        if _raw_version(_impl_of(view)) != t._version:
+            return "version counter of a view"
+    with torch.inference_mode():
+        if _raw_version(_impl_of(torch.ones(2))) != -1:
+            return "inference tensor"
+    return True
+
+
+VERSION_LAYOUT = _verdict(_find_version_layout) if _raw_data else None
+_raw_versions = VERSION_LAYOUT is True
+
+
 # The tensor check of the guarded path, read from the TensorImpl where its layout checks out:
 # exact Python type, dispatch key set (TensorImpl.key_set_), dtype (data_type_, a 16-bit
 # TypeMeta), sizes and strides (sizes_and_strides_: a count, then up to 5 sizes and 5 strides
@@ -710,7 +785,9 @@ cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize)
     impl = _impl_of(t)
     if (_counts_at(impl) & _USES) != 1 or not _sole_user(_storage_impl_of(impl)):
         return False
-    if _requires_grad_def != NULL:
+    if _raw_autograd and (<void**>((<char*>impl) + _AUTOGRAD_META_OFFSET))[0] == NULL:
+        pass  # no autograd metadata: it cannot require grad
+    elif _requires_grad_def != NULL:
         if _requires_grad_def.get(t, _requires_grad_def.closure):
             return False
     elif t.requires_grad:
@@ -785,6 +862,7 @@ cdef class Runner:
     cdef list frozen_refs       # weak references to the tensors the session was built from
     cdef uintptr_t* frozen_ptrs  # their data pointers and version counters then
     cdef int64_t* frozen_versions
+    cdef Py_ssize_t* frozen_itemsizes
     cdef list frozen_contents   # bytes of a buffer's contents then (None for a parameter)
     cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or unfreezes
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
@@ -995,6 +1073,7 @@ cdef class Runner:
         free(self.c_out_raw)
         free(self.frozen_ptrs)
         free(self.frozen_versions)
+        free(self.frozen_itemsizes)
         free(self.feed_pos)
         free(self.c_in_names)
         free(self.c_out_names)
@@ -1061,7 +1140,11 @@ cdef class Runner:
             if key != self.stream_key:
                 self._use_stream(key)
         constants = None if self.size_constants is None else self.size_constants(args)
-        b = self.pool.pop(0) if self.pool else self._new_binding()  # oldest first: see recycle_outputs
+        if self.pool:  # oldest first: see recycle_outputs
+            b = <_Binding>self.pool[0]
+            del self.pool[0]  # (pop(0) would look its method up)
+        else:
+            b = self._new_binding()
         failed = None
         try:
             if (self.raw_checks != NULL and self._raw_guarded(args)) or (
@@ -1141,6 +1224,16 @@ cdef class Runner:
             a = args[<Py_ssize_t>self.frozen_indices[k]]
             if PyWeakref_GetObject(self.frozen_refs[k]) is not <PyObject*>a:
                 return True
+            if _raw_versions:  # the same checks, read from the tensor's TensorImpl
+                if _raw_version(_impl_of(a)) != self.frozen_versions[k]:
+                    return True
+                ptr = _frozen_ptr(a, self.frozen_itemsizes[k])
+                if ptr != self.frozen_ptrs[k]:
+                    return True
+                contents = self.frozen_contents[k]
+                if contents is not None and memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
+                    return True
+                continue
             try:
                 version = _version_of(a)
             except RuntimeError:  # an inference tensor now (e.g. `.data =` one): no counter
@@ -1167,16 +1260,20 @@ cdef class Runner:
         cdef Py_ssize_t k, n = len(tensors)
         cdef uintptr_t* ptrs = <uintptr_t*>calloc(n + 1, sizeof(uintptr_t))
         cdef int64_t* versions = <int64_t*>calloc(n + 1, sizeof(int64_t))
-        if ptrs == NULL or versions == NULL:
+        cdef Py_ssize_t* itemsizes = <Py_ssize_t*>calloc(n + 1, sizeof(Py_ssize_t))
+        if ptrs == NULL or versions == NULL or itemsizes == NULL:
             free(ptrs)
             free(versions)
+            free(itemsizes)
             raise MemoryError()
         for k in range(n):
-            ptrs[k] = tensors[k].data_ptr()
+            itemsizes[k] = tensors[k].element_size()
+            ptrs[k] = _frozen_ptr(tensors[k], itemsizes[k]) if _raw_versions else tensors[k].data_ptr()
             versions[k] = tensors[k]._version
         free(self.frozen_ptrs)
         free(self.frozen_versions)
-        self.frozen_ptrs, self.frozen_versions = ptrs, versions
+        free(self.frozen_itemsizes)
+        self.frozen_ptrs, self.frozen_versions, self.frozen_itemsizes = ptrs, versions, itemsizes
         self.frozen_contents = contents if contents is not None else [None] * len(tensors)
         self.frozen_indices = list(indices)
         if sess is not None:

@@ -238,6 +238,11 @@ def test_recycled_outputs_are_never_visible_to_the_caller():
     from ortlite import _fast
 
     assert len(pointers) == (2 if _fast.raw_counts() else 6)  # without torch's counts: never recycled
+    for _ in range(3):  # a dropped result made to require grad is not refilled
+        dropped = compiled(x, y)
+        dropped.requires_grad_()
+        del dropped
+        assert not any(compiled(x, y).requires_grad for _ in range(2))  # (two bindings in turn)
 
 
 def test_exported_program_input():

@@ -115,10 +115,12 @@ def test_guarded_fast_path_still_catches_changed_arguments():
 
 @pytest.mark.skipif(not torch.__version__.startswith("2.13."), reason="layouts checked on the torch ortlite is tested on")
 def test_raw_tensor_layout_found():
-    """The recycling check and the guarded path read use counts, data pointers and the guard's
-    fields (type, dispatch keys, dtype, sizes, strides) from
-    torch's objects where the offsets check out at import (else through torch's accessors):
-    on the tested torch they must, or the hot path silently got slower."""
+    """The recycling check, the guarded path and the frozen-weight check read use counts,
+    data pointers, autograd metadata, version counters and the guard's fields (type, dispatch
+    keys, dtype, sizes, strides) from torch's objects where the offsets check out at import
+    (else through torch's accessors): on the tested torch they must, or the hot path silently
+    got slower."""
     from ortlite import _fast
 
     assert _fast.RAW_LAYOUT is True and _fast.RAW_DATA_LAYOUT is True and _fast.RAW_GUARD_LAYOUT is True
+    assert _fast.AUTOGRAD_LAYOUT is True and _fast.VERSION_LAYOUT is True
