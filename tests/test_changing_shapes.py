@@ -8,6 +8,7 @@ import random
 
 import pytest
 import sympy
+import onnx
 import torch
 import torch.nn.functional as F
 import torch.utils._sympy.functions as sympy_functions
@@ -622,6 +623,22 @@ def test_max_pooling_gradients_with_changing_sizes(dynamic):
         for x in (torch.randn(2, 3, h, w), torch.randint(0, 2, (2, 3, h, w)).float()):
             x.requires_grad_()
             assert torch.equal(torch.autograd.grad(compiled(x), x)[0], torch.autograd.grad(fn(x), x)[0]), f"{h}x{w}"
+
+
+@pytest.mark.parametrize("kernel, pad, count_pad", [(1280, 0, True), (7, 3, False), (5, 2, True)])
+def test_symbolic_average_pooling_pads_inside_the_kernel(tmp_path, kernel, pad, count_pad):
+    """With symbolic sizes the end padding of ceil-mode windows is symbolic too: a Pad node
+    of it made ONNX Runtime write the padded input out (EfficientNet's head, a 1280 kernel
+    over 2x2 planes, 150 ms a call). The pads are AveragePool's own, under the kernel."""
+    torch._dynamo.reset()
+    fn = lambda x: F.avg_pool2d(x, kernel, kernel, pad, ceil_mode=True, count_include_pad=count_pad)  # noqa: E731
+    backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for h, w in ((2, 2), (3, 1), (9, 4), (kernel + 1, 2)):
+        x = torch.randn(2, 3, h, w)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-6, msg=lambda m: f"{h}x{w}: {m}")
+    ops = [n.op_type for p in tmp_path.glob("*.onnx") for n in onnx.load(p).graph.node]
+    assert "AveragePool" in ops and "Pad" not in ops
 
 
 @pytest.mark.parametrize("kernel, stride", [(1, 2), (2, 3), (3, 1), (3, 2), (4, 3), (5, None), (7, 2)])

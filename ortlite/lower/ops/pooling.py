@@ -8,7 +8,6 @@ import math
 import operator
 
 import torch
-from torch.utils._sympy.functions import Max
 
 from ..builder import TORCH_TO_ONNX, Value, sym_expr
 from ..registry import lower, meta
@@ -324,9 +323,8 @@ def _symbolic_avg_pool(g, node, x: Value, spatial: int, kernel, strides, pads, c
     computed in the graph as _avg_divisors does; 0 for windows with no input element."""
     out_spatial = out_shape(node)[-spatial:]
     i64 = lambda v: g.const(v, torch.int64)  # noqa: E731
-    ends, divisor, nonempty = [], None, None
+    divisor, nonempty = None, None
     for i, (size, out, k, st, p) in enumerate(zip(x.shape[-spatial:], out_spatial, kernel, strides, pads)):
-        ends.append(Max((sym_expr(out) - 1) * st + k - sym_expr(size) - p, 0))
         start = g.op("Sub", g.op("Mul", g.op("Range", i64(0), g.sym(out), i64(1)), i64(st)), i64(p))
         end = g.op("Min", g.op("Add", start, i64(k)), g.sym(sym_expr(size) + p))
         full = g.op("Sub", end, start)
@@ -339,8 +337,16 @@ def _symbolic_avg_pool(g, node, x: Value, spatial: int, kernel, strides, pads, c
         nonempty = valid if nonempty is None else g.op("Mul", nonempty, valid)
     if divisor_override:
         divisor = g.const(float(divisor_override), torch.float64)
-    padded = g.op("Pad", x, g.shape([0, 0, *pads, 0, 0, *ends]), g.const(0, x.dtype), mode="constant")
-    sums = g.op("Mul", g.op("AveragePool", padded, kernel_shape=kernel, strides=strides), g.const(float(math.prod(kernel)), x.dtype))
+    # aten's last window starts inside the input, so it reaches at most k - 1 past its end:
+    # end pads of k - 1 (and the begin pads, both under the kernel) hold every window of aten's
+    # whole, none cut short, so ONNX's count_include_pad mean is the sum over the kernel's size;
+    # the windows ONNX has beyond aten's last are sliced off. (Padding x with a Pad of the
+    # symbolic exact size instead made ONNX Runtime write it out: an EfficientNet's pooler,
+    # kernel 1280 over 2x2 planes, took 150 ms a call.)
+    mean = g.op("AveragePool", x, kernel_shape=kernel, strides=strides, pads=list(pads) + [k - 1 for k in kernel], count_include_pad=1)
+    axes = list(range(2, 2 + spatial))
+    mean = g.op("Slice", mean, g.ints([0] * spatial), g.shape(list(out_spatial)), g.ints(axes))
+    sums = g.op("Mul", mean, g.const(float(math.prod(kernel)), x.dtype))
     scale = g.op("Where", g.op("Greater", nonempty, g.const(0.0, torch.float64)), g.op("Div", g.const(1.0, torch.float64), divisor), g.const(0.0, torch.float64))
     return g.op("Mul", sums, g.op("Cast", scale, to=TORCH_TO_ONNX[x.dtype]))
 
