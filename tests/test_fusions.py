@@ -415,6 +415,42 @@ def test_attention_mask_check_with_symbolic_sizes():
     assert backend.stats.fallback_ops == {}, backend.stats
 
 
+def _ops_with_subgraphs(graph) -> list[str]:
+    ops = []
+    for n in graph.node:
+        ops.append(n.op_type)
+        for a in n.attribute:
+            if a.HasField("g"):
+                ops += _ops_with_subgraphs(a.g)
+    return ops
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_whose_sizes_may_be_zero(masked, tmp_path):
+    """Swin's windows: the sequence padded to a multiple of the window, cut into windows of
+    4; the window count's bounds (interval arithmetic over the floor division) reach 0. The
+    fused kernel stays, behind a run-time check for empty inputs (the written-out ops)."""
+    torch._dynamo.reset()
+    mask = torch.randn(1, 1, 4, 4)
+    mask[..., 0, :] = FMIN  # a row the kernel would zero
+
+    def fn(x):  # (batch, sequence, 16)
+        x = F.pad(x, (0, 0, 0, (4 - x.shape[1] % 4) % 4))
+        w = x.reshape(x.shape[0], -1, 4, 2, 8).permute(0, 1, 3, 2, 4).reshape(-1, 2, 4, 8)
+        return F.scaled_dot_product_attention(w, w * 2, w + 1, attn_mask=mask if masked else None)
+
+    backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
+    f = torch.compile(fn, backend=backend)
+    with torch.no_grad():
+        for b, s in [(3, 5), (2, 8), (4, 13), (2, 6), (5, 7)]:
+            x = torch.randn(b, s, 16)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(x, 1)
+            assert_same(f(x), fn(x), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs == 1, backend.stats
+    assert all("Attention" in _ops_with_subgraphs(onnx.load(p).graph) for p in tmp_path.glob("*.onnx"))
+
+
 class Projections(torch.nn.Module):
     """Linear layers on (batch, sequence, hidden) inputs, the way transformers use them: with
     and without bias, one on a transposed (non-contiguous) input, then a mask-like expand of

@@ -104,7 +104,7 @@ def _fused_ok(g, node, q, k, attn_mask, lse_used: bool) -> bool:
         return False
     if lse_used:
         return False
-    if any(may_be_zero(d) for d in (*q.shape, *k.shape)):
+    if any(isinstance(d, int) and d == 0 for d in (*q.shape, *k.shape)):  # (one that may be 0 is checked at run time: _fused)
         return False
     return attn_mask is None or (attn_mask.dtype == torch.float32 and 1 <= attn_mask.rank <= 4)
 
@@ -122,8 +122,23 @@ def _fused(g, q, k, v, is_causal, attn_mask, scale):
     g.opset = max(g.opset, FUSED_OPSET)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
     attrs = dict(scale=float(scale), is_causal=int(bool(is_causal)))
+    like = [Value("", q.dtype, ())]
+    # a symbolic size that may be 0 (Swin's window count: interval bounds of floor divisions
+    # reach 0) is checked at run time: the kernel is not for empty inputs
+    empty = None
+    if any(may_be_zero(d) for d in (*q.shape, *k.shape)):
+        zero = g.const(0, torch.int64)
+        empty = g.op("Or", g.op("Equal", g.op("Size", q), zero), g.op("Equal", g.op("Size", k), zero))
     if attn_mask is None:
-        return g.op("Attention", q, k, v, **attrs)
+        if empty is None:
+            return g.op("Attention", q, k, v, **attrs)
+        (out,) = g.if_(
+            empty,
+            lambda b: [_written_out(b, q, k, v, is_causal, attn_mask, scale, False)[0]],
+            lambda b: [b.op("Attention", q, k, v, **attrs)],
+            like,
+        )  # fmt: skip
+        return out
     length, source = q.shape[2], k.shape[2]
     # the kernel takes masks whose last two sizes are the query and key lengths
     mask = attn_mask
@@ -134,7 +149,8 @@ def _fused(g, q, k, v, is_causal, attn_mask, scale):
         allowed = g.op("Where", _causal_allowed(g, length, source), mask, g.const(float("-inf"), q.dtype))
     row_max = g.op("ReduceMax", allowed, g.ints([-1]), keepdims=0)
     odd_rows = any_true(g, g.op("Not", g.op("GreaterOrEqual", row_max, g.const(-1e30, q.dtype))))
-    like = [Value("", q.dtype, ())]
+    if empty is not None:
+        odd_rows = g.op("Or", odd_rows, empty)
     (out,) = g.if_(
         odd_rows,
         lambda b: [_written_out(b, q, k, v, is_causal, attn_mask, scale, False)[0]],
