@@ -564,15 +564,19 @@ cdef Py_ssize_t _AUTOGRAD_META_OFFSET = -1
 cdef bint _raw_autograd = False
 
 
+cdef inline void* _autograd_meta_of(void* impl) noexcept:
+    return (<void**>((<char*>impl) + _AUTOGRAD_META_OFFSET))[0]
+
+
 def _find_autograd_layout():
     """Check where _unobservable reads autograd_meta_: True, or what failed."""
     global _AUTOGRAD_META_OFFSET
     _AUTOGRAD_META_OFFSET = _STORAGE_OFFSET + sizeof(void*)
     for t in _fresh_tensors():
-        if (<void**>((<char*>_impl_of(t)) + _AUTOGRAD_META_OFFSET))[0] != NULL:
+        if _autograd_meta_of(_impl_of(t)) != NULL:
             return "autograd metadata of a tensor that never required grad"
         t.requires_grad_(t.is_floating_point())
-        if t.is_floating_point() and (<void**>((<char*>_impl_of(t)) + _AUTOGRAD_META_OFFSET))[0] == NULL:
+        if t.is_floating_point() and _autograd_meta_of(_impl_of(t)) == NULL:
             return "autograd metadata of a tensor that requires grad"
     return True
 
@@ -599,14 +603,12 @@ cdef inline int64_t _raw_version(void* impl) noexcept:
 
 
 cdef inline uintptr_t _frozen_ptr(object t, Py_ssize_t itemsize) noexcept:
-    """Where a frozen tensor's data is, as _weights_changed compares it (raw reads: also for an
-    empty tensor, whose data_ptr() is 0; it is only compared with itself)."""
-    cdef void* impl = _impl_of(t)
-    cdef char* storage = <char*>_storage_impl_of(impl)
-    if storage == NULL:
+    """Where a frozen tensor's data is, as _weights_changed compares it: _raw_data_ptr, also for
+    an empty tensor (whose data_ptr() is 0; this is only compared with itself); 0 without a
+    storage."""
+    if _storage_impl_of(_impl_of(t)) == NULL:
         return 0
-    return ((<uintptr_t*>(storage + _DATA_OFFSET))[0]
-            + <uintptr_t>((<int64_t*>((<char*>impl) + _STORAGE_OFFSET_OFFSET))[0] * itemsize))
+    return _raw_data_ptr(t, itemsize)
 
 
 def _find_version_layout():
@@ -785,7 +787,7 @@ cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize)
     impl = _impl_of(t)
     if (_counts_at(impl) & _USES) != 1 or not _sole_user(_storage_impl_of(impl)):
         return False
-    if _raw_autograd and (<void**>((<char*>impl) + _AUTOGRAD_META_OFFSET))[0] == NULL:
+    if _raw_autograd and _autograd_meta_of(impl) == NULL:
         pass  # no autograd metadata: it cannot require grad
     elif _requires_grad_def != NULL:
         if _requires_grad_def.get(t, _requires_grad_def.closure):
@@ -1219,29 +1221,22 @@ cdef class Runner:
         without bumping the version counter)."""
         cdef Py_ssize_t k
         cdef uintptr_t ptr
+        cdef int64_t version
         cdef bytes contents
         for k in range(len(self.frozen_indices)):
             a = args[<Py_ssize_t>self.frozen_indices[k]]
             if PyWeakref_GetObject(self.frozen_refs[k]) is not <PyObject*>a:
                 return True
-            if _raw_versions:  # the same checks, read from the tensor's TensorImpl
-                if _raw_version(_impl_of(a)) != self.frozen_versions[k]:
-                    return True
+            if _raw_versions:  # read from the tensor's TensorImpl (-1: no counter)
+                version = _raw_version(_impl_of(a))
                 ptr = _frozen_ptr(a, self.frozen_itemsizes[k])
-                if ptr != self.frozen_ptrs[k]:
+            else:
+                try:
+                    version = _version_of(a)
+                except RuntimeError:  # an inference tensor now (e.g. `.data =` one): no counter
                     return True
-                contents = self.frozen_contents[k]
-                if contents is not None and memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
-                    return True
-                continue
-            try:
-                version = _version_of(a)
-            except RuntimeError:  # an inference tensor now (e.g. `.data =` one): no counter
-                return True
-            if <int64_t>version != self.frozen_versions[k]:
-                return True
-            ptr = _data_ptr_of(a)
-            if ptr != self.frozen_ptrs[k]:
+                ptr = _data_ptr_of(a)
+            if version != self.frozen_versions[k] or ptr != self.frozen_ptrs[k]:
                 return True
             contents = self.frozen_contents[k]
             if contents is not None and memcmp(<const void*>ptr, <const char*>contents, len(contents)) != 0:
