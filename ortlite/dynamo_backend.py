@@ -329,7 +329,13 @@ class Backend:
         return make_boxed_func(checked) if boxed else checked
 
     def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool, frozen: dict | None = None):
-        lowered = lower_graph(gm, self.options.opset, stable_ties=self.options.sort_ties == "stable", hoist_sizes=self.options.size_constants)
+        lowered = lower_graph(
+            gm,
+            self.options.opset,
+            stable_ties=self.options.sort_ties == "stable",
+            hoist_sizes=self.options.size_constants,
+            frozen=frozenset(frozen or ()),
+        )
         # once frozen weights keep changing: the same graph compiled with them bound
         unfrozen = functools.partial(self._compile, gm, f"{name}_bound", False) if frozen else None
         try:

@@ -178,4 +178,6 @@ class FrozenWeights:
             runner.unfreeze(self.unfrozen())
             return
         self.built_at_run = runner.runs
+        if runner.size_constants is not None:  # what its size prelude computed from the old weights
+            runner.size_constants.weights_changed()
         runner.set_frozen(self.indices, tensors, self.session(tensors), contents(tensors))

@@ -19,6 +19,7 @@ from . import _fast
 from .frozen import FrozenWeights, frozen_model_bytes
 from .lower import LoweredGraph, sizes_vary
 from .lower.builder import TORCH_TO_ONNX, sym_expr
+from .lower.hoist import SHAPE, VALUE, WEIGHT
 from .session import current_cuda_stream, ort_device
 
 
@@ -41,7 +42,8 @@ def runner_for(
     """The rest of compiling a lowered graph, shared by torch.compile and ortlite.compile:
     model transforms, the dump, the session (made or reused; errors propagate), the runner.
     frozen: argument index -> tensor, for weights that become initializers of the session
-    (see ortlite.frozen); unfrozen() then gives the callable to use once they keep changing."""
+    (see ortlite.frozen); unfrozen() then gives the callable to use once they keep changing
+    (the graph lowered anew: this one's size prelude may read the weights)."""
     for transform in options.model_transforms:
         transform(lowered.model)
     if options.dump_dir:
@@ -49,6 +51,7 @@ def runner_for(
     devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
     unplanned = unkeyed_varying_sizes(lowered)
     if frozen:
+        assert unfrozen is not None
         return _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen, unfrozen, unplanned)
     model_bytes = lowered.model.SerializeToString()
 
@@ -70,17 +73,15 @@ def unkeyed_varying_sizes(lowered: LoweredGraph) -> bool:
 def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen: dict, unfrozen, unplanned: bool):
     indices = sorted(frozen)
     names = [lowered.inputs[i].name for i in indices]
-    model_bytes = frozen_model_bytes(lowered.model, dict(zip(names, (frozen[i] for i in indices))))
+    # initializers: the weights the model reads (one only its size prelude reads is watched all the same)
+    in_model = {i.name for i in lowered.model.graph.input}
+    model_bytes = frozen_model_bytes(lowered.model, {n: frozen[i] for i, n in zip(indices, names) if n in in_model})
 
     def make_session(weights: dict, stream=None):
         if stream is None:
             stream = current_cuda_stream(devices)
+        weights = {n: t for n, t in weights.items() if n in in_model}
         return sessions.frozen(model_bytes, options, devices, stream, lowered.disabled_optimizers, weights, unplanned)
-
-    if unfrozen is None:  # the same graph with its weights bound as inputs
-
-        def unfrozen():
-            return runner_for(f"{name}_bound", lowered, gm, options, sessions, cls=cls)
 
     watcher = FrozenWeights(name, indices, names, make_session, unfrozen)
     runner = None
@@ -165,41 +166,48 @@ def build_runner(
         session_for,
         lowered.failures,
         (lowered.pattern_key, ort_device(torch.device("cpu"))) if lowered.pattern_key else None,
-        _size_constants(name, lowered),
+        _size_constants(name, lowered, frozen),
     )
 
 
-def _size_constants(name: str, lowered: LoweredGraph):
+def _size_constants(name: str, lowered: LoweredGraph, frozen):
     prelude = lowered.size_prelude
     if prelude is None:
         return None
     positions = {spec.name: i for i, spec in enumerate(lowered.inputs) if spec.name}
-    sources = [(positions[n], is_shape) for n, is_shape in prelude.inputs]
-    return SizeConstants(name, prelude, sources), len(prelude.outputs)
+    sources = [(positions[n], kind) for n, kind in prelude.inputs]
+    # a prelude reading weights that are not watched for changes (frozen) cannot keep results
+    keep = all(i in frozen for i, kind in sources if kind == WEIGHT)
+    return SizeConstants(name, prelude, sources, keep), len(prelude.outputs)
 
 
 class SizeConstants:
     """The size prelude of a graph (ortlite.lower.hoist), run once per set of values of the
-    integer arguments it reads, its results kept for the next calls with those values.
-    A call: args -> the tensors the main model takes after the arguments. sources: per
-    prelude input, (argument index, whether the prelude reads its shape, not its value)."""
+    integer arguments and shapes it reads, its results kept for the next calls with those
+    values. A call: args -> the tensors the main model takes after the arguments. sources:
+    per prelude input, (argument index, VALUE, SHAPE or WEIGHT). Results computed from
+    weights are kept only while the runner watches the weights (keep), and forgotten when
+    it sees one change (weights_changed)."""
 
     MAX_ENTRIES = 8  # sets of sizes kept (the oldest goes first)
     MAX_BYTES = 16 << 20  # results larger than this (together) are computed per call, not kept
 
-    def __init__(self, name: str, prelude, sources: list[tuple[int, bool]]):
+    def __init__(self, name: str, prelude, sources: list[tuple[int, str]], keep: bool = True):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         options.log_severity_level = 4  # a failure reaches the caller as the exception
         self.session = onnxruntime.InferenceSession(prelude.model, options, providers=["CPUExecutionProvider"])
         self.name = name
         self.names = [i.name for i in self.session.get_inputs()]
-        # the key lists values, then shapes: the prelude's inputs come in that order (lower.hoist)
-        self.values = [i for i, is_shape in sources if not is_shape]
-        self.shapes = [i for i, is_shape in sources if is_shape]
-        assert [is_shape for _, is_shape in sources] == sorted(is_shape for _, is_shape in sources)
+        # the key lists values, then shapes: the prelude's inputs come in that order, then weights (lower.hoist)
+        self.values = [i for i, kind in sources if kind == VALUE]
+        self.shapes = [i for i, kind in sources if kind == SHAPE]
+        self.weights = [i for i, kind in sources if kind == WEIGHT]
+        assert [kind for _, kind in sources] == [VALUE] * len(self.values) + [SHAPE] * len(self.shapes) + [WEIGHT] * len(self.weights)
+        self.keep = keep
         self.cache: dict[tuple, tuple] = {}
         self.misses = 0
+        self.generation = 0  # weights_changed calls: a result computed before one is not kept
         self._lock = threading.Lock()
 
     def __call__(self, args: tuple) -> tuple:
@@ -209,18 +217,25 @@ class SizeConstants:
             return tuple(torch.empty(0) for _ in self.session.get_outputs())
         tensors = self.cache.get(key)
         if tensors is None:
-            tensors = self.compute(key)
+            tensors = self.compute(key, args)
         return tensors
 
-    def compute(self, key: tuple) -> tuple:
+    def weights_changed(self) -> None:
+        with self._lock:
+            self.generation += 1
+            self.cache.clear()
+
+    def compute(self, key: tuple, args: tuple) -> tuple:
         for i, value in zip(self.values, key):
             if type(value) is not int:
                 raise TypeError(f"ortlite graph {self.name}: argument {i} must be an int, got {type(value).__name__}")
-        outputs = self.session.run(None, {n: np.array(v, dtype=np.int64) for n, v in zip(self.names, key)})
+        generation = self.generation
+        feeds = [np.array(v, dtype=np.int64) for v in key] + [args[i].detach().numpy() for i in self.weights]
+        outputs = self.session.run(None, dict(zip(self.names, feeds)))
         tensors = tuple(torch.from_numpy(o).contiguous() for o in outputs)
         with self._lock:
             self.misses += 1
-            if sum(t.nbytes for t in tensors) <= self.MAX_BYTES:
+            if self.keep and generation == self.generation and sum(t.nbytes for t in tensors) <= self.MAX_BYTES:
                 if len(self.cache) >= self.MAX_ENTRIES:
                     del self.cache[next(iter(self.cache))]
                 self.cache[key] = tensors

@@ -93,26 +93,90 @@ def test_on_by_default_and_off_gives_the_same_results():
     assert all(r.size_constants is None for r in off._runners)
 
 
-class _Scaled(torch.nn.Module):
-    def __init__(self):
+class _RelativeBias(torch.nn.Module):
+    """What static graphs fold and symbolic ones computed per call: a relative-position bias
+    gathered from a parameter by indices built from the sequence length (BEiT, Swin), and
+    rotary angles from a buffer (LLaMA's inv_freq)."""
+
+    def __init__(self, span: int = 32):
         super().__init__()
-        self.register_buffer("scale", torch.tensor([2.0]))
+        self.span = span
+        self.table = torch.nn.Parameter(torch.randn(2 * span - 1, 3))
+        self.register_buffer("inv_freq", 1.0 / (100 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)))
 
-    def forward(self, x):
-        return x + torch.arange(x.shape[1], dtype=torch.float32) * self.scale
+    def forward(self, x):  # x: (batch, sequence, 8)
+        s = x.shape[1]
+        i = torch.arange(s)
+        bias = self.table[(i[:, None] - i[None, :]).clamp(-self.span + 1, self.span - 1) + self.span - 1]  # (s, s, 3)
+        angles = torch.arange(s, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # (s, 4)
+        rotary = torch.cat([angles.cos(), angles.sin()], -1)  # (s, 8)
+        return (x * rotary) @ x.transpose(1, 2) + bias.sum(-1)
 
 
-def test_a_weight_that_changes_is_never_part_of_the_size_constants():
-    """A buffer is a frozen weight under no_grad, watched for changes: what is computed from
-    it must stay in the graph, not in a cache keyed by sizes alone."""
-    model = _Scaled()
-    compiled = torch.compile(model, backend=ortlite.Backend(ON), dynamic=True)
+def _change_table_in_place(model):
+    model.table.mul_(1.5)
+
+
+def _load_state_dict(model):
+    model.load_state_dict({k: v + 0.25 for k, v in model.state_dict().items()})
+
+
+def _replace_table_data(model):
+    model.table.data = torch.randn_like(model.table)
+
+
+def _write_buffer_bypassing_its_version(model):
+    model.inv_freq.numpy()[:] *= 2  # (the bytes of a frozen buffer are compared every call)
+
+
+CHANGES = {f.__name__.removeprefix("_"): f for f in
+           (_change_table_in_place, _load_state_dict, _replace_table_data, _write_buffer_bypassing_its_version)}
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_what_weights_and_sizes_determine_follows_every_weight_change(change, dynamic):
+    """The size prelude also computes what frozen weights and sizes together determine, and
+    keeps it per set of sizes: a weight change between calls must reach the next call at
+    sizes seen before (cache hits), and a graph whose weights change at every call (bound
+    as inputs from then on) stays right too."""
+    torch.manual_seed(0)
+    model = _RelativeBias()
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    sizes = [5, 5, 8, 5, 8, 5, 11, 8]
     with torch.no_grad():
-        for step, s in enumerate([5, 5, 8, 5, 8, 5]):
-            x = torch.randn(2, s)
+        for s in sizes:  # weights unchanged: sizes come back, served from the prelude's cache
+            x = torch.randn(2, s, 8)
             assert_same(compiled(x), model(x))
-            if step % 2:
-                model.scale.mul_(3)  # in place, between calls at sizes seen before
+        preludes = [r.size_constants for r in backend._runners if r.size_constants is not None]
+        assert any(p.weights for p in preludes), "nothing of the weights was computed apart"
+        assert sum(p.misses for p in preludes) < sum(r.runs for r in backend._runners if r.size_constants is not None)
+        for step, s in enumerate(sizes + sizes):  # a change every other call, then every call
+            if step % 2 or step >= len(sizes):
+                CHANGES[change](model)
+            x = torch.randn(2, s, 8)
+            assert_same(compiled(x), model(x))
+
+
+def test_training_graphs_keep_their_weights_out_of_the_size_constants():
+    """Weights that require grad are bound inputs, not watched for changes: what they
+    determine is computed in the graph (an optimizer step changes them every call)."""
+    torch.manual_seed(0)
+    model = _RelativeBias()
+    reference = _RelativeBias()
+    reference.load_state_dict(model.state_dict())
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    for s in [5, 7, 5, 7]:
+        x = torch.randn(2, s, 8)
+        for m, optimizer in zip((compiled, reference), optimizers):
+            m(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert_same(model.table, reference.table)
+    assert all(not r.size_constants.weights for r in backend._runners if r.size_constants is not None)
 
 
 def test_results_too_large_to_keep_are_computed_every_call(monkeypatch):

@@ -15,7 +15,7 @@ import torch.fx
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
 from .fusions import fold_flattening_reshapes, fuse_rms_norm
-from .hoist import SizePrelude, split_size_constants
+from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
@@ -96,13 +96,15 @@ def lower_graph(
     *,
     stable_ties: bool = False,
     hoist_sizes: bool = False,
+    frozen: frozenset = frozenset(),
 ) -> LoweredGraph:
     """constants: placeholder name -> tensor, for placeholders that become initializers
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
     overriding the ShapeEnv's (torch.export's range_constraints are the user's Dims).
     stable_ties: Options.sort_ties == "stable". hoist_sizes: move what integer arguments
     and constants alone determine into a size prelude (see lower.hoist; the runner of
-    runner.build_runner runs it)."""
+    runner.build_runner runs it). frozen: indices of the arguments that are frozen weights
+    (ortlite.frozen): the prelude may read them too."""
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
@@ -179,7 +181,10 @@ def lower_graph(
     fold_flattening_reshapes(model.graph, known, g.node_origin)
     prelude = None
     if hoist_sizes and pattern_key is not None:  # (CPU graphs whose sizes vary: the same test)
-        split = split_size_constants(model, [s.name for s in inputs if s.kind == INT], [s.name for s in inputs if s.kind == TENSOR])
+        weights = [s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR and s.device.type == "cpu" and s.dtype in PRELUDE_WEIGHT_DTYPES]
+        split = split_size_constants(
+            model, [s.name for s in inputs if s.kind == INT], [s.name for s in inputs if s.kind == TENSOR], weights
+        )
         if split is not None:
             model, prelude, specs = split
             inputs = inputs + [InputSpec(TENSOR, name, dtype, shape, torch.device("cpu")) for name, dtype, shape in specs]

@@ -112,7 +112,12 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
     Only where each intermediate feeds the next alone, the right operand is 2-D and the
     final view's leading sizes are x's own (the same expressions). Returns the number folded;
     the size arithmetic left unused is removed. origin: ONNX node name -> FX node name, for
-    the nodes made here (a bias's Add is the addmm's)."""
+    the nodes made here (a bias's Add is the addmm's).
+
+    A linear with a bias is folded only with static sizes, where ONNX Runtime makes the
+    MatMul + Add a Gemm again (MatMulAddFusion needs the shapes). With symbolic sizes the
+    Add would stay a pass over the whole output (Swin: a third slower than static); the
+    Reshapes alias, and the size prelude (lower.hoist) computes their targets."""
     outputs = {o.name for o in graph.output}
     only_user = _only_user(graph)
 
@@ -137,6 +142,8 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
             bias = matmul.input[2] if len(matmul.input) > 2 and matmul.input[2] else None
             if bias is not None and (bias not in known or len(known[bias][1]) != 1):
                 continue
+            if bias is not None and not all(isinstance(d, int) for d in x_shape):
+                continue  # see the docstring
         unflatten = only_user(matmul.output[0], "Reshape")
         if unflatten is None or unflatten.output[0] not in known or not same_shape(known[unflatten.output[0]][1][:-1], x_shape[:-1]):
             continue
@@ -155,11 +162,11 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
         return 0
     nodes = [m for n in graph.node if id(n) not in removed for m in replaced.get(id(n), [n])]
     del graph.node[:]
-    graph.node.extend(_live(nodes, outputs))
+    graph.node.extend(live_nodes(nodes, outputs))
     return len(replaced)
 
 
-def _live(nodes: list, outputs: set) -> list:
+def live_nodes(nodes: list, outputs: set) -> list:
     """nodes without those whose outputs nothing reads (a branch of an If reads outer values)."""
     used = set(outputs)
     live = []
