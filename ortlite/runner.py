@@ -190,7 +190,7 @@ class SizeConstants:
     it sees one change (weights_changed)."""
 
     MAX_ENTRIES = 8  # sets of sizes kept (the oldest goes first)
-    MAX_BYTES = 16 << 20  # results larger than this (together) are computed per call, not kept
+    MAX_BYTES = 16 << 20  # kept in all (the oldest go first); one set's results larger than this are computed per call
 
     def __init__(self, name: str, prelude, sources: list[tuple[int, str]], keep: bool = True):
         options = onnxruntime.SessionOptions()
@@ -206,6 +206,7 @@ class SizeConstants:
         assert [kind for _, kind in sources] == [VALUE] * len(self.values) + [SHAPE] * len(self.shapes) + [WEIGHT] * len(self.weights)
         self.keep = keep
         self.cache: dict[tuple, tuple] = {}
+        self.bytes = 0  # of the results kept
         self.misses = 0
         self.generation = 0  # weights_changed calls: a result computed before one is not kept
         self._lock = threading.Lock()
@@ -224,6 +225,7 @@ class SizeConstants:
         with self._lock:
             self.generation += 1
             self.cache.clear()
+            self.bytes = 0
 
     def compute(self, key: tuple, args: tuple) -> tuple:
         for i, value in zip(self.values, key):
@@ -235,10 +237,12 @@ class SizeConstants:
         tensors = tuple(torch.from_numpy(o).contiguous() for o in outputs)
         with self._lock:
             self.misses += 1
-            if self.keep and generation == self.generation and sum(t.nbytes for t in tensors) <= self.MAX_BYTES:
-                if len(self.cache) >= self.MAX_ENTRIES:
-                    del self.cache[next(iter(self.cache))]
+            size = sum(t.nbytes for t in tensors)
+            if self.keep and generation == self.generation and size <= self.MAX_BYTES and key not in self.cache:
+                while self.cache and (len(self.cache) >= self.MAX_ENTRIES or self.bytes + size > self.MAX_BYTES):
+                    self.bytes -= sum(t.nbytes for t in self.cache.pop(next(iter(self.cache))))
                 self.cache[key] = tensors
+                self.bytes += size
         return tensors
 
 

@@ -78,6 +78,7 @@ def test_size_constants_match_eager_as_sizes_change(case, dynamic):
     assert hoisted, "nothing was computed apart"
     assert sum(len(h.cache) for h in hoisted) > 0
     assert all(len(h.cache) <= h.MAX_ENTRIES for h in hoisted)
+    assert all(h.bytes == sum(t.nbytes for ts in h.cache.values() for t in ts) <= h.MAX_BYTES for h in hoisted)
     # fewer prelude runs than calls with symbolic sizes: repeated sizes were served from the cache
     assert sum(h.misses for h in hoisted) < sum(r.runs for r in backend._runners if r.size_constants is not None)
 
@@ -190,6 +191,22 @@ def test_results_too_large_to_keep_are_computed_every_call(monkeypatch):
     hoisted = [r.size_constants for r in backend._runners if r.size_constants is not None]
     assert hoisted and all(not h.cache for h in hoisted)
     assert sum(h.misses for h in hoisted) == sum(r.runs for r in backend._runners if r.size_constants is not None)
+
+
+def test_what_is_kept_stays_within_its_byte_budget(monkeypatch):
+    """MAX_BYTES bounds all results kept together: the oldest sets of sizes go first."""
+    fn, make = CASES["causal"]  # results: an s x s bool mask
+    monkeypatch.setattr(ortlite.runner.SizeConstants, "MAX_BYTES", 2 * 13 * 13)
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    kept = []
+    for s in [6, 6, 9, 12, 13, 5, 13, 6]:
+        args = make(s)
+        assert_same(compiled(*args), fn(*args))
+        (h,) = [r.size_constants for r in backend._runners if r.size_constants is not None]
+        assert h.bytes == sum(t.nbytes for ts in h.cache.values() for t in ts) <= h.MAX_BYTES
+        kept.append(len(h.cache))
+    assert max(kept) >= 2 and min(kept[2:]) < max(kept), kept  # some sets were kept, older ones let go
 
 
 def test_a_bad_argument_is_named_not_crashed_on(monkeypatch):
