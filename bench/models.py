@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import ortlite  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from overhead import own_code  # noqa: E402
+from overhead import interleaved, own_code  # noqa: E402
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch._functorch.aot_autograd import make_boxed_func  # noqa: E402
 
@@ -253,16 +253,14 @@ def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=N
         first["inductor"], out = timed_first_call(inductor, args)
         candidates["inductor"] = inductor
 
-    samples = {name: [] for name in candidates}
-    for call in candidates.values():
-        call(*args)
-    for _ in range(rounds):
-        for name, call in candidates.items():
-            start = time.perf_counter()
-            for _ in range(iters):
-                call(*args)
-            synchronize()
-            samples[name].append((time.perf_counter() - start) / iters * 1e3)
+    def block(call):
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        synchronize()
+        return (time.perf_counter() - start) / iters * 1e3
+
+    samples = interleaved({name: (lambda c=c: c(*args)) for name, c in candidates.items()}, rounds, block)
     medians = {name: statistics.median(s) for name, s in samples.items()}
     # each against eager in the same round, then the median over rounds
     ratios = {name: statistics.median(c / e for c, e in zip(samples[name], samples["eager"])) for name in samples if name != "eager"}

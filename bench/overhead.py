@@ -25,6 +25,7 @@ import glob
 import itertools
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -218,6 +219,22 @@ def pybind_sessions():
             os.environ["ORTLITE_NO_C_API"] = old
 
 
+def interleaved(calls: dict, rounds: int, block) -> dict:
+    """Samples per candidate (name -> zero-argument call): each round times block(call) once
+    per candidate, in an order shuffled per round (seeded), each block after one untimed
+    call. A fixed order slows whichever candidate always comes right after the heaviest:
+    after eager, a zoo model's ortlite graph ran up to 25% slower than the same graph
+    elsewhere in the round (eager's allocations evict the caches)."""
+    samples = {name: [] for name in calls}
+    order, rng = list(calls), random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for name in order:
+            calls[name]()
+            samples[name].append(block(calls[name]))
+    return samples
+
+
 def per_call_us(fn, iters, sync):
     start = time.perf_counter()
     for _ in range(iters):
@@ -280,12 +297,9 @@ def bench_case(case, device, rounds, iters, with_inductor):
     if c_floor is not None:
         torch.testing.assert_close(c_out, expected, rtol=1e-4, atol=1e-5)
         calls["C-API floor"] = c_floor
-    samples = {name: [] for name in calls}
     for name, call in calls.items():  # warm up
         per_call_us(call, max(iters // 10, 10), sync)
-    for _ in range(rounds):
-        for name, call in calls.items():
-            samples[name].append(per_call_us(call, iters, sync))
+    samples = interleaved(calls, rounds, lambda call: per_call_us(call, iters, sync))
     medians = {name: statistics.median(s) for name, s in samples.items()}
     # Ratios per round (candidates interleaved within a round see the same machine state),
     # then their median: steadier than a ratio of medians when the machine drifts.

@@ -37,6 +37,9 @@ import torch.utils._pytree as pytree
 import ortlite
 import ortlite.logs
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from overhead import interleaved  # noqa: E402
+
 RTOL = ATOL = 1e-4
 EXTRA_OPTIONS: dict = {}  # given to every ortlite candidate (--no-size-constants)
 VOCAB = 100
@@ -635,13 +638,14 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
         t0 = time.perf_counter()
         eager(kwargs)
         iters = max(1, min(50, int(min_block_s / max(time.perf_counter() - t0, 1e-6))))
-        samples = {k: [] for k in candidates}
-        for _ in range(rounds):
-            for k, fn in candidates.items():
-                t0 = clock()
-                for _ in range(iters):
-                    fn(kwargs)
-                samples[k].append((clock() - t0) / iters * 1e3)
+
+        def block(call):
+            t0 = clock()
+            for _ in range(iters):
+                call()
+            return (clock() - t0) / iters * 1e3
+
+        samples = interleaved({k: (lambda fn=fn: fn(kwargs)) for k, fn in candidates.items()}, rounds, block)
     torch._dynamo.reset()
     ms = {k: statistics.median(v) for k, v in samples.items()}
     mean = {kind: (ms[(kind, 0)] + ms[(kind, 1)]) / 2 for kind in ("static", "dynamic", "auto")}

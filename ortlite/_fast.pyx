@@ -917,7 +917,8 @@ cdef class Runner:
             (see _bind_pattern_key).
         size_constants: (callable, n): the last n inputs are not passed by the caller but
             computed from the call's arguments by callable(args) -> tuple of n tensors
-            (ortlite.runner.SizeConstants: values of integer arguments alone determine them).
+            (ortlite.runner.SizeConstants: int arguments, shapes and frozen weights determine
+            them). An ONNX Runtime failure there is a failed run (on_run_failure).
         on_run_failure (attribute): when ORT fails a run, called with the RunError; what it
             returns takes (*args) and runs the graph from then on, this call included.
             None: the RunError is raised."""
@@ -1141,7 +1142,17 @@ cdef class Runner:
             key = self.stream_of()
             if key != self.stream_key:
                 self._use_stream(key)
-        constants = None if self.size_constants is None else self.size_constants(args)
+        constants = None
+        if self.size_constants is not None:
+            try:
+                constants = self.size_constants(args)
+            except (TypeError, ValueError):  # a bad argument, named
+                raise
+            except Exception as e:  # ONNX Runtime failed in the size prelude (an index out of bounds, say)
+                return self._after_failure(RunError(
+                    f"ortlite: ONNX Runtime failed computing the size constants of graph {self.name}: {e}\n"
+                    f"inputs: {self.describe_inputs()}"
+                ), args)
         if self.pool:  # oldest first: see recycle_outputs
             b = <_Binding>self.pool[0]
             del self.pool[0]  # (pop(0) would look its method up)
@@ -1187,10 +1198,7 @@ cdef class Runner:
         finally:
             b.pool.append(b)  # its own session's pool, even if another thread switched streams
         if failed is not None:
-            if self.on_run_failure is None:
-                raise failed
-            self.replacement = self.on_run_failure(failed)
-            return self.replacement(*args)
+            return self._after_failure(failed, args)
         if self.single_output:
             if not self.returns_tuple:
                 return outs[0]
@@ -1198,6 +1206,13 @@ cdef class Runner:
             return outs if boxed_call and len(outs) == 1 else (outs[0],)
         results = self._results(outs, args, sizes)
         return results if self.returns_tuple else results[0]
+
+    def _after_failure(self, failed, tuple args):
+        """A failed run: raise, or (torch.compile) call what on_run_failure gives from now on."""
+        if self.on_run_failure is None:
+            raise failed
+        self.replacement = self.on_run_failure(failed)
+        return self.replacement(*args)
 
     cdef _run_c(self, _Binding b):
         """Runs a CSession on the binding's values; returns the OrtError of a failed run."""

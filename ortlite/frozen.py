@@ -15,8 +15,10 @@ constant-fold), and are never stale.
   BatchNorm updates without bumping the version counter, the bytes too: so only small CPU
   buffers are frozen). A write that bypasses the version counter into a parameter
   (`p.data.mul_()`, through numpy or DLPack) is not seen. On a change it builds
-  a new session from the current tensors; a graph whose sessions keep going stale within a
-  few calls goes back to binding its weights as inputs (one log line).
+  a new session from the current tensors (and clears what the size prelude computed from
+  them, lower.hoist); a graph whose sessions keep going stale within a few calls goes back
+  to binding its weights as inputs (one log line). A weight that only the size prelude
+  reads is no initializer of the session, but is watched all the same.
 - Memory: the runner holds its frozen tensors by weak reference; when one dies (the model
   was dropped, a parameter replaced) the frozen session is released at once.
 """

@@ -20,7 +20,7 @@ from .frozen import FrozenWeights, frozen_model_bytes
 from .lower import LoweredGraph, sizes_vary
 from .lower.builder import TORCH_TO_ONNX, sym_expr
 from .lower.hoist import SHAPE, VALUE, WEIGHT
-from .session import current_cuda_stream, ort_device
+from .session import CPU_DISABLED_OPTIMIZERS, current_cuda_stream, ort_device
 
 
 def _device_index(device: torch.device | None) -> int:
@@ -178,7 +178,7 @@ def _size_constants(name: str, lowered: LoweredGraph, frozen):
     sources = [(positions[n], kind) for n, kind in prelude.inputs]
     # a prelude reading weights that are not watched for changes (frozen) cannot keep results
     keep = all(i in frozen for i, kind in sources if kind == WEIGHT)
-    return SizeConstants(name, prelude, sources, keep), len(prelude.outputs)
+    return SizeConstants(name, prelude, sources, keep, lowered.disabled_optimizers), len(prelude.outputs)
 
 
 class SizeConstants:
@@ -192,11 +192,17 @@ class SizeConstants:
     MAX_ENTRIES = 8  # sets of sizes kept (the oldest goes first)
     MAX_BYTES = 16 << 20  # kept in all (the oldest go first); one set's results larger than this are computed per call
 
-    def __init__(self, name: str, prelude, sources: list[tuple[int, str]], keep: bool = True):
+    def __init__(self, name: str, prelude, sources: list[tuple[int, str]], keep: bool = True, disabled_optimizers=()):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         options.log_severity_level = 4  # a failure reaches the caller as the exception
-        self.session = onnxruntime.InferenceSession(prelude.model, options, providers=["CPUExecutionProvider"])
+        self.session = onnxruntime.InferenceSession(
+            prelude.model,
+            options,
+            providers=["CPUExecutionProvider"],
+            # float math on weights: the main session's exactness switches (lower_graph) apply here too
+            disabled_optimizers=list(disabled_optimizers) + list(CPU_DISABLED_OPTIMIZERS),
+        )
         self.name = name
         self.names = [i.name for i in self.session.get_inputs()]
         # the key lists values, then shapes: the prelude's inputs come in that order, then weights (lower.hoist)

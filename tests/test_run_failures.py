@@ -77,3 +77,35 @@ def test_fallback_error_and_aot_raise_run_error():
     with pytest.raises(ortlite.RunError, match="ONNX Runtime failed running graph"):
         compiled(x, torch.tensor([0, 9]))
     assert_same(compiled(x, torch.tensor([2, 1])), index_then_scale(x, torch.tensor([2, 1])))
+
+
+class _PositionTable(torch.nn.Module):
+    """A frozen weight gathered by indices built from a size: computed in the size prelude."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(8, 3))
+
+    def forward(self, x):
+        return x + torch.index_select(self.table, 0, torch.arange(x.shape[0])) * 2
+
+
+def test_a_failure_in_the_size_prelude_is_routed_around_as_a_failed_run(warnings_seen, capfd):
+    """ONNX Runtime failing in the size prelude (lower.hoist) is a failed run like any other:
+    the node runs in torch from then on, the failing call raises eager's error."""
+    model = _PositionTable()
+    backend = ortlite.Backend()
+    fn = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for s in (4, 6):
+            x = torch.randn(s, 3)
+            assert_same(fn(x), model(x))
+        assert any(r.size_constants is not None and r.size_constants.weights for r in backend._runners)
+        with pytest.raises(IndexError, match="index out of range"):  # eager's error, from torch
+            fn(torch.randn(10, 3))
+        for s in (5, 8, 6):
+            x = torch.randn(s, 3)
+            assert_same(fn(x), model(x))
+    messages = warnings_seen()
+    assert len(messages) == 1 and "aten.index_select" in messages[0], messages
+    assert "[E:onnxruntime" not in capfd.readouterr().err

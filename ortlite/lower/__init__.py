@@ -73,8 +73,9 @@ class LoweredGraph:
     # (as aten raises), or, to torch, fail the run at the node the message names
     failures: list = dataclasses.field(default_factory=list)
     pattern_key: str | None = None  # the input the runner feeds its memory-pattern key (see below)
-    # nodes of integer arguments and constants alone, run apart once per set of their values
-    # (lower.hoist); their results are the last inputs, after the graph's own arguments
+    # nodes of int arguments, shapes, frozen weights and constants alone that read a size, run
+    # apart once per set of sizes (lower.hoist); their results are the last inputs, after the
+    # graph's own arguments
     size_prelude: SizePrelude | None = None
 
 
@@ -101,10 +102,10 @@ def lower_graph(
     """constants: placeholder name -> tensor, for placeholders that become initializers
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
     overriding the ShapeEnv's (torch.export's range_constraints are the user's Dims).
-    stable_ties: Options.sort_ties == "stable". hoist_sizes: move what integer arguments
-    and constants alone determine into a size prelude (see lower.hoist; the runner of
-    runner.build_runner runs it). frozen: indices of the arguments that are frozen weights
-    (ortlite.frozen): the prelude may read them too."""
+    stable_ties: Options.sort_ties == "stable". hoist_sizes: move what int arguments,
+    shapes, constants and frozen weights alone determine into a size prelude (see lower.hoist;
+    the runner of runner.build_runner runs it). frozen: indices of the arguments that are
+    frozen weights (ortlite.frozen)."""
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
@@ -178,9 +179,10 @@ def lower_graph(
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
-    fold_flattening_reshapes(model.graph, known, g.node_origin)
+    hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
+    fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     prelude = None
-    if hoist_sizes and pattern_key is not None:  # (CPU graphs whose sizes vary: the same test)
+    if hoisting:
         weights = [s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR and s.device.type == "cpu" and s.dtype in PRELUDE_WEIGHT_DTYPES]
         split = split_size_constants(
             model, [s.name for s in inputs if s.kind == INT], [s.name for s in inputs if s.kind == TENSOR], weights

@@ -102,7 +102,7 @@ def fuse_rms_norm(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     return len(fused)
 
 
-def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], origin: dict[str, str]) -> int:
+def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], origin: dict[str, str], keep_gemm: bool = False) -> int:
     """aten's linear on an input of rank > 2 is view(x, [rows, k]) -> mm -> view(., [*lead, n])
     (rows the product of x's leading sizes): ortlite lowers it Reshape -> MatMul -> Reshape, and
     with symbolic sizes the second Reshape's target is computed per call (Unsqueeze, Concat).
@@ -114,10 +114,11 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
     the size arithmetic left unused is removed. origin: ONNX node name -> FX node name, for
     the nodes made here (a bias's Add is the addmm's).
 
-    A linear with a bias is folded only with static sizes, where ONNX Runtime makes the
-    MatMul + Add a Gemm again (MatMulAddFusion needs the shapes). With symbolic sizes the
-    Add would stay a pass over the whole output (Swin: a third slower than static); the
-    Reshapes alias, and the size prelude (lower.hoist) computes their targets."""
+    keep_gemm (a graph with a size prelude): a linear with a bias is folded only with static
+    sizes, where ONNX Runtime makes the MatMul + Add a Gemm again (MatMulAddFusion needs the
+    shapes). With symbolic sizes the Add would stay a pass over the whole output (Swin: a
+    third slower than static); the Reshapes alias, and the size prelude (lower.hoist)
+    computes their targets."""
     outputs = {o.name for o in graph.output}
     only_user = _only_user(graph)
 
@@ -142,7 +143,7 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
             bias = matmul.input[2] if len(matmul.input) > 2 and matmul.input[2] else None
             if bias is not None and (bias not in known or len(known[bias][1]) != 1):
                 continue
-            if bias is not None and not all(isinstance(d, int) for d in x_shape):
+            if bias is not None and keep_gemm and not all(isinstance(d, int) for d in x_shape):
                 continue  # see the docstring
         unflatten = only_user(matmul.output[0], "Reshape")
         if unflatten is None or unflatten.output[0] not in known or not same_shape(known[unflatten.output[0]][1][:-1], x_shape[:-1]):

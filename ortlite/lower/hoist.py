@@ -13,7 +13,8 @@ changes) and feeds its outputs to the main model as inputs. Nodes of weights and
 alone stay in the main model, where ONNX Runtime folds them (and prepacks what they feed).
 
 Nothing else counts as fixed: not tensor values, not weights bound as inputs (training
-graphs), not floats (0.0 and -0.0 are equal keys of different values), not random ops, not
+graphs, and weights ortlite.frozen does not freeze or the prelude cannot take:
+PRELUDE_WEIGHT_DTYPES, CPU alone), not floats (0.0 and -0.0 are equal keys of different values), not random ops, not
 nodes with subgraphs, not graph outputs.
 """
 
@@ -161,16 +162,21 @@ def split_size_constants(model: onnx.ModelProto, int_inputs: list[str], tensor_i
         [t for t in graph.initializer if t.name in needed],
     )
     prelude_model = helper.make_model(prelude, opset_imports=model.opset_import, ir_version=IR_VERSION)
+    # where onnx cannot infer what would be moved, leave the graph as it is; what sizes alone
+    # determine may still move without the weights
+    def without_weights():
+        return split_size_constants(model, int_inputs, tensor_inputs) if weight_inputs else None
+
     try:
         inferred = onnx.shape_inference.infer_shapes(prelude_model, strict_mode=True)
-    except Exception:  # an op onnx cannot infer: leave the graph as it is
-        return None
+    except Exception:
+        return without_weights()
     types = {v.name: v.type.tensor_type for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
     specs = []
     for name in frontier:
         t = types.get(name)
         if t is None or t.elem_type not in ONNX_TO_TORCH or not t.HasField("shape"):
-            return None
+            return without_weights()
         dims = tuple(d.dim_value if d.HasField("dim_value") else f"{name}_d{k}" for k, d in enumerate(t.shape.dim))
         specs.append((name, ONNX_TO_TORCH[t.elem_type], dims))
     del prelude_model.graph.output[:]
