@@ -176,23 +176,22 @@ def _size_constants(name: str, lowered: LoweredGraph, frozen):
         return None
     positions = {spec.name: i for i, spec in enumerate(lowered.inputs) if spec.name}
     sources = [(positions[n], kind) for n, kind in prelude.inputs]
-    # a prelude reading weights that are not watched for changes (frozen) cannot keep results
-    keep = all(i in frozen for i, kind in sources if kind == WEIGHT)
-    return SizeConstants(name, prelude, sources, keep, lowered.disabled_optimizers), len(prelude.outputs)
+    # the prelude keeps what it computes from weights: only frozen ones (watched for changes) may be read
+    assert all(i in frozen for i, kind in sources if kind == WEIGHT)
+    return SizeConstants(name, prelude, sources, lowered.disabled_optimizers), len(prelude.outputs)
 
 
 class SizeConstants:
     """The size prelude of a graph (ortlite.lower.hoist), run once per set of values of the
     integer arguments and shapes it reads, its results kept for the next calls with those
     values. A call: args -> the tensors the main model takes after the arguments. sources:
-    per prelude input, (argument index, VALUE, SHAPE or WEIGHT). Results computed from
-    weights are kept only while the runner watches the weights (keep), and forgotten when
-    it sees one change (weights_changed)."""
+    per prelude input, (argument index, VALUE, SHAPE or WEIGHT: a frozen weight, whose
+    results are forgotten when the runner sees one change, weights_changed)."""
 
     MAX_ENTRIES = 8  # sets of sizes kept (the oldest goes first)
     MAX_BYTES = 16 << 20  # kept in all (the oldest go first); one set's results larger than this are computed per call
 
-    def __init__(self, name: str, prelude, sources: list[tuple[int, str]], keep: bool = True, disabled_optimizers=()):
+    def __init__(self, name: str, prelude, sources: list[tuple[int, str]], disabled_optimizers=()):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         options.log_severity_level = 4  # a failure reaches the caller as the exception
@@ -210,7 +209,6 @@ class SizeConstants:
         self.shapes = [i for i, kind in sources if kind == SHAPE]
         self.weights = [i for i, kind in sources if kind == WEIGHT]
         assert [kind for _, kind in sources] == [VALUE] * len(self.values) + [SHAPE] * len(self.shapes) + [WEIGHT] * len(self.weights)
-        self.keep = keep
         self.cache: dict[tuple, tuple] = {}
         self.bytes = 0  # of the results kept
         self.misses = 0
@@ -244,7 +242,7 @@ class SizeConstants:
         with self._lock:
             self.misses += 1
             size = sum(t.nbytes for t in tensors)
-            if self.keep and generation == self.generation and size <= self.MAX_BYTES and key not in self.cache:
+            if generation == self.generation and size <= self.MAX_BYTES and key not in self.cache:
                 while self.cache and (len(self.cache) >= self.MAX_ENTRIES or self.bytes + size > self.MAX_BYTES):
                     self.bytes -= sum(t.nbytes for t in self.cache.pop(next(iter(self.cache))))
                 self.cache[key] = tensors

@@ -160,13 +160,18 @@ def test_what_weights_and_sizes_determine_follows_every_weight_change(change, dy
             assert_same(compiled(x), model(x))
 
 
+def _model_and_reference(cls):
+    """Two instances with the same weights: one compiled, one eager."""
+    torch.manual_seed(0)
+    model, reference = cls(), cls()
+    reference.load_state_dict(model.state_dict())
+    return model, reference
+
+
 def test_training_graphs_keep_their_weights_out_of_the_size_constants():
     """Weights that require grad are bound inputs, not watched for changes: what they
     determine is computed in the graph (an optimizer step changes them every call)."""
-    torch.manual_seed(0)
-    model = _RelativeBias()
-    reference = _RelativeBias()
-    reference.load_state_dict(model.state_dict())
+    model, reference = _model_and_reference(_RelativeBias)
     backend = ortlite.Backend(ON)
     compiled = torch.compile(model, backend=backend, dynamic=True)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
@@ -261,10 +266,7 @@ class _MaskedAttention(torch.nn.Module):
 @pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
 def test_training_with_size_constants_matches_eager_gradients(dynamic):
     """Backward graphs are compiled the same way: their size constants too."""
-    torch.manual_seed(0)
-    model = _MaskedAttention()
-    reference = _MaskedAttention()
-    reference.load_state_dict(model.state_dict())
+    model, reference = _model_and_reference(_MaskedAttention)
     backend = ortlite.Backend(ON)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     for s in [5, 5, 7, 9, 7, 5]:

@@ -14,8 +14,8 @@ alone stay in the main model, where ONNX Runtime folds them (and prepacks what t
 
 Nothing else counts as fixed: not tensor values, not weights bound as inputs (training
 graphs, and weights ortlite.frozen does not freeze or the prelude cannot take:
-PRELUDE_WEIGHT_DTYPES, CPU alone), not floats (0.0 and -0.0 are equal keys of different values), not random ops, not
-nodes with subgraphs, not graph outputs.
+PRELUDE_WEIGHT_DTYPES, CPU alone), not floats (0.0 and -0.0 are equal keys of different
+values), not random ops, not nodes with subgraphs, not graph outputs.
 """
 
 from __future__ import annotations
