@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -597,15 +598,30 @@ def own_code(model, extra):
     return types.FunctionType(code, call.__globals__, name, None, call.__closure__)
 
 
+class AllTensorOutputs(torch.nn.Module):
+    """The zoo model called with its extra arguments, returning every tensor leaf of its
+    output as a tuple: what ortlite.compile (torch.export) takes, doing the same work as the
+    torch.compile candidates."""
+
+    def __init__(self, model, extra):
+        super().__init__()
+        self.model = model
+        self.extra = extra
+
+    def forward(self, **kwargs):
+        return tuple(_leaves(self.model(**kwargs, **self.extra, return_dict=False)))
+
+
 def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None, clock=time.perf_counter) -> dict:
     """Median ms per call at the zoo model's first shape: eager, ortlite static (dynamic=False),
-    ortlite dynamic (dynamic=True, warmed up at another shape first) and ortlite auto (Dynamo's
+    ortlite dynamic (dynamic=True, warmed up at another shape first), ortlite auto (Dynamo's
     default: called at another shape first, so the first shape recompiles with symbolic
-    sizes, and that graph is timed); interleaved rounds.
+    sizes, and that graph is timed) and ortlite AOT (ortlite.compile at the first shape, the
+    floor the torch.compile path is held to); interleaved rounds.
     The order of compiling biases the times: on these machines a graph compiled later ran up
     to 10% faster than the same graph compiled earlier in the process (its sessions and
     weights in memory allocated later). So each ortlite candidate is compiled twice, in
-    opposite orders (dynamic, static, auto, then auto, static, dynamic), both copies timed in
+    opposite orders (aot, dynamic, static, auto, then auto, static, dynamic, aot), both copies timed in
     the same rounds, and its time is the mean of the two copies' medians. Every copy is
     called through the same kind of function (own_code), with a code object of its own (a
     module compiled whole, torch.compile(model), pays nn.Module's call path on top: the
@@ -620,20 +636,24 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
     torch._dynamo.reset()
 
     def compiled(kind):
+        options = ortlite.Options(**spec.options, **EXTRA_OPTIONS)
+        if kind == "aot":
+            return ortlite.compile(AllTensorOutputs(model, spec.extra), kwargs=kwargs, options=options)
         mode = {"static": False, "dynamic": True, "auto": None}[kind]
-        return torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(ortlite.Options(**spec.options, **EXTRA_OPTIONS)), dynamic=mode)
+        return torch.compile(own_code(model, spec.extra), backend=ortlite.Backend(options), dynamic=mode)
 
-    candidates = {"eager": eager}
+    candidates = {"eager": lambda: eager(kwargs)}
     with torch.no_grad():
-        for copy, order in enumerate((["dynamic", "static", "auto"], ["auto", "static", "dynamic"])):
+        for copy, order in enumerate((["aot", "dynamic", "static", "auto"], ["auto", "static", "dynamic", "aot"])):
             for kind in order:
                 fn = compiled(kind)
-                if kind != "static":
+                if kind in ("dynamic", "auto"):
                     fn(other)  # auto: static at the other shape; the first shape then recompiles symbolic
-                fn(kwargs)
-                candidates[(kind, copy)] = fn
-        for fn in candidates.values():
-            fn(kwargs)
+                call = functools.partial(fn, **kwargs) if kind == "aot" else functools.partial(fn, kwargs)
+                call()
+                candidates[(kind, copy)] = call
+        for call in candidates.values():
+            call()
         # iterations per block: about min_block_s of eager
         t0 = time.perf_counter()
         eager(kwargs)
@@ -645,11 +665,12 @@ def time_model(name: str, rounds: int = 7, min_block_s: float = 0.02, model=None
                 call()
             return (clock() - t0) / iters * 1e3
 
-        samples = interleaved({k: (lambda fn=fn: fn(kwargs)) for k, fn in candidates.items()}, rounds, block)
+        samples = interleaved(candidates, rounds, block)
     torch._dynamo.reset()
     ms = {k: statistics.median(v) for k, v in samples.items()}
-    mean = {kind: (ms[(kind, 0)] + ms[(kind, 1)]) / 2 for kind in ("static", "dynamic", "auto")}
-    return {"eager_ms": ms["eager"], "static_ms": mean["static"], "dynamic_ms": mean["dynamic"], "auto_ms": mean["auto"], "iters": iters,
+    mean = {kind: (ms[(kind, 0)] + ms[(kind, 1)]) / 2 for kind in ("static", "dynamic", "auto", "aot")}
+    return {"eager_ms": ms["eager"], "static_ms": mean["static"], "dynamic_ms": mean["dynamic"], "auto_ms": mean["auto"],
+            "aot_ms": mean["aot"], "iters": iters,
             "rounds": rounds, "shape": spec.shapes[0], "copies_ms": {f"{k[0]}_{k[1]}": v for k, v in ms.items() if k != "eager"}}
 
 
@@ -706,23 +727,25 @@ def report(results: dict, timings: dict, header: str) -> str:
         "graphs/call = Dynamo graphs compiled at each call; sess/graphs = ONNX Runtime sessions over Dynamo graphs;",
         "fallback = aten op: nodes left to torch (ortlite's stats); static = at call 1 of auto (static sizes).",
         "Timing: ms per call at the first shape, 1 thread, medians of interleaved rounds; static = `dynamic=False`;",
+        "AOT = ortlite.compile (torch.export, weights as initializers) at the same shape;",
         "auto = the default path's symbolic graph (compiled at another shape first, so the first shape recompiles).",
         "Each ortlite column: the mean of two copies compiled in opposite orders (a graph compiled later ran faster).",
         "",
         "| model | shapes | auto match | auto graphs/call | auto sess/graphs | dyn match | dyn graphs/call | dyn sess/graphs "
         "| fallback static | fallback auto (all calls) | fallback dyn | reasons (dyn) | eager ms | static ms | dynamic ms "
-        "| dyn/static | dyn/eager | auto ms | auto/static | auto/eager |",
-        "|" + "---|" * 20,
+        "| dyn/static | dyn/eager | auto ms | auto/static | auto/eager | AOT ms | static/AOT |",
+        "|" + "---|" * 22,
     ]
     for name, (auto, dyn) in results.items():
         t = timings.get(name)
-        tcols = ["-"] * 8
+        tcols = ["-"] * 10
         if t and "error" not in t:
             tcols = [f"{t['eager_ms']:.2f}", f"{t['static_ms']:.2f}", f"{t['dynamic_ms']:.2f}",
                      f"{t['dynamic_ms'] / t['static_ms']:.2f}", f"{t['dynamic_ms'] / t['eager_ms']:.2f}",
-                     f"{t['auto_ms']:.2f}", f"{t['auto_ms'] / t['static_ms']:.2f}", f"{t['auto_ms'] / t['eager_ms']:.2f}"]
+                     f"{t['auto_ms']:.2f}", f"{t['auto_ms'] / t['static_ms']:.2f}", f"{t['auto_ms'] / t['eager_ms']:.2f}",
+                     f"{t['aot_ms']:.2f}", f"{t['static_ms'] / t['aot_ms']:.2f}"]
         elif t:
-            tcols = ["timing failed"] + ["-"] * 7
+            tcols = ["timing failed"] + ["-"] * 9
         shapes = " ".join("x".join(map(str, s)) for s in ZOO[name].shapes)
         cols = [name, shapes, _match(auto), str(auto["graphs_per_call"]), _sessions(auto), _match(dyn), str(dyn["graphs_per_call"]),
                 _sessions(dyn), _ops(auto["fallback_ops_first_call"]), _ops(auto["fallback_ops"]), _ops(dyn["fallback_ops"]),
@@ -736,6 +759,9 @@ def report(results: dict, timings: dict, header: str) -> str:
             below = sum(t[key] < t["eager_ms"] for t in timed)
             lines.append(f"- {label} / static: median {statistics.median(ratios):.2f}, max {ratios[-1]:.2f}, "
                          f"at most 1.15 in {sum(r <= 1.15 for r in ratios)} of {len(ratios)}; below eager in {below} of {len(timed)}")
+        ratios = sorted(t["static_ms"] / t["aot_ms"] for t in timed)
+        lines.append(f"- static (torch.compile, frozen weights) / AOT (ortlite.compile): median {statistics.median(ratios):.2f}, "
+                     f"max {ratios[-1]:.2f}, at most 1.15 in {sum(r <= 1.15 for r in ratios)} of {len(ratios)}")
 
     # what falls back, aggregated over models
     def subtract(total, first):
@@ -885,7 +911,7 @@ def main(argv=None):
                 timings[name] = {"error": traceback.format_exc()}
             torch._dynamo.reset()
         t = timings.get(name, {})
-        tim = f" eager {t['eager_ms']:.2f} static {t['static_ms']:.2f} dynamic {t['dynamic_ms']:.2f} auto {t['auto_ms']:.2f} ms" if "eager_ms" in t else ""
+        tim = f" eager {t['eager_ms']:.2f} static {t['static_ms']:.2f} dynamic {t['dynamic_ms']:.2f} auto {t['auto_ms']:.2f} aot {t['aot_ms']:.2f} ms" if "eager_ms" in t else ""
         print(f"{name}: auto {_match(auto)} {auto['graphs_per_call']} sess {auto['sessions']} fb {_ops(auto['fallback_ops'])} | "
               f"dyn {_match(dyn)} {dyn['graphs_per_call']} sess {dyn['sessions']} fb {_ops(dyn['fallback_ops'])} |{tim} "
               f"[{auto['seconds']:.0f}+{dyn['seconds']:.0f}+{time.perf_counter() - t0 - auto['seconds'] - dyn['seconds']:.0f} s]", flush=True)
