@@ -12,7 +12,7 @@ import torch
 
 from .dynamo_backend import Backend, GraphReport
 from .options import Options
-from .session import CPU_DISABLED_OPTIMIZERS, cpu_only
+from .session import disabled_optimizers_for
 
 
 def explain(fn_or_module, *args, **kwargs) -> "Explanation":
@@ -101,8 +101,7 @@ def _optimized_ops(path: str, runner) -> dict:
     so.log_severity_level = 4
     so.optimized_model_filepath = path + ".optimized.onnx"
     providers = runner.providers if runner is not None else ["CPUExecutionProvider"]
-    disabled = list(getattr(runner, "disabled_optimizers", ()))  # as the real session
-    disabled = disabled + (list(CPU_DISABLED_OPTIMIZERS) if cpu_only(providers) else []) or None
+    disabled = disabled_optimizers_for(providers, tuple(getattr(runner, "disabled_optimizers", ())))  # as the real session
     onnxruntime.InferenceSession(model.SerializeToString(), so, providers=providers, disabled_optimizers=disabled)
     before = collections.Counter(n.op_type for n in model.graph.node)
     after = collections.Counter(n.op_type for n in onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node)

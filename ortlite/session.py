@@ -210,6 +210,17 @@ def _c_api_serves(options: Options, providers: list[tuple], disabled_optimizers:
 # (1, 128, 768): 561 vs 103 us; a BERT h256 L4 0.89x the time without it). Not applied in CPU
 # sessions; their values are the two ops' (within 1e-6 of the fused kernel's).
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+# ONNX Runtime's graph optimizers that change results, on every provider: GatherToSliceFusion
+# turns a Gather by a Range (only one whose bounds are not constants survives constant folding:
+# symbolic sizes) into a Slice over the Range's bounds, which differs where the range holds
+# negative indices: x[:, arange(-s, 0)] came back empty, x[:, arange(s - 1, -1, -1)] too.
+WRONG_OPTIMIZERS = ("GatherToSliceFusion",)
+
+
+def disabled_optimizers_for(providers, disabled: tuple = ()) -> list:
+    """The graph optimizers a session for these providers runs without: the graph's own
+    (LoweredGraph.disabled_optimizers), WRONG_OPTIMIZERS, and on CPU CPU_DISABLED_OPTIMIZERS."""
+    return list(disabled) + list(WRONG_OPTIMIZERS) + (list(CPU_DISABLED_OPTIMIZERS) if cpu_only(providers) else [])
 
 
 def cpu_only(providers) -> bool:
@@ -222,7 +233,8 @@ def _c_session(model_bytes: bytes, weights: dict | None):
 
     names = list(weights) if weights else None
     values = [(t.detach(), TORCH_TO_ONNX[t.dtype]) for t in weights.values()] if weights else None
-    config = {"optimization.disable_specified_optimizers": ",".join(CPU_DISABLED_OPTIMIZERS)}
+    # ONNX Runtime splits this entry at ";" (a "," joined list disables none of its names)
+    config = {"optimization.disable_specified_optimizers": ";".join(disabled_optimizers_for(["CPUExecutionProvider"]))}
     return _fast.create_c_session(model_bytes, torch.get_num_threads(), 1, 99, config, names, values)  # 99: ORT_ENABLE_ALL
 
 
@@ -269,7 +281,7 @@ def create_session(
         sess_options=so,
         providers=[name for name, _ in usable],
         provider_options=[dict(opts) for _, opts in usable],
-        disabled_optimizers=list(disabled_optimizers) + (list(CPU_DISABLED_OPTIMIZERS) if cpu_only(usable) else []) or None,
+        disabled_optimizers=disabled_optimizers_for(usable, disabled_optimizers),
     )
     active = wrapper.get_providers()
     inactive = [name for name, _ in usable if name not in active]

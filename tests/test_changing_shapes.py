@@ -422,6 +422,38 @@ DIAGONALS = {
 }
 
 
+# Index ranges built from a symbolic size: ONNX Runtime's GatherToSliceFusion once made a
+# Slice of a Range feeding a Gather, wrong wherever the range holds negative indices.
+RANGES = {
+    "forward": lambda s: torch.arange(s),
+    "negative": lambda s: torch.arange(-s, 0),
+    "reversed": lambda s: torch.arange(s - 1, -1, -1),
+    "reversed_negative": lambda s: torch.arange(-1, -s - 1, -1),
+    "across_zero": lambda s: torch.arange(-(s // 2), s // 2),
+    "odd_positions": lambda s: torch.arange(1, s, 2),
+    "negative_step_2": lambda s: torch.arange(-s, 0, 2),
+}
+RANGE_READERS = {
+    "columns": lambda x, i: x[:, i],
+    "rows": lambda x, i: x[i],
+    "index_select": lambda x, i: x.index_select(1, i % x.shape[1]),  # which takes no negative index
+}
+
+
+@pytest.mark.parametrize("size_constants", [False, True], ids=["inline", "prelude"])
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("reader", sorted(RANGE_READERS))
+@pytest.mark.parametrize("indices", sorted(RANGES))
+def test_gathers_by_ranges_built_from_sizes(indices, reader, dynamic, size_constants):
+    def fn(x):
+        return RANGE_READERS[reader](x, RANGES[indices](x.shape[1]))
+
+    compiled = torch.compile(fn, backend=ortlite.Backend(ortlite.Options(size_constants=size_constants, fallback="error")), dynamic=dynamic)
+    for s in [4, 6, 9, 5]:
+        x = torch.arange(float(s * s)).reshape(s, s)
+        assert_like_eager(compiled(x), fn(x), [x], f"size {s}")
+
+
 @pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
 @pytest.mark.parametrize("case", sorted(DIAGONALS))
 def test_diagonals_with_changing_sizes_and_offsets(case, dynamic):

@@ -386,7 +386,7 @@ def test_add_before_layer_norm_stays_two_ops_on_cpu():
         so = onnxruntime.SessionOptions()
         so.log_severity_level = 4
         so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
-        so.add_session_config_entry("optimization.disable_specified_optimizers", ",".join(CPU_DISABLED_OPTIMIZERS))
+        so.add_session_config_entry("optimization.disable_specified_optimizers", ";".join(CPU_DISABLED_OPTIMIZERS))
         onnxruntime.InferenceSession(compiled.onnx_model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         ops = collections.Counter(n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node)
     assert ops["SkipLayerNormalization"] == 0 and ops["LayerNormalization"] == 1, ops
