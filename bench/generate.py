@@ -1,7 +1,8 @@
 """HuggingFace generate with model.forward compiled: a LLaMA-style model from a config
 (random weights), a padded batch, a DynamicCache growing every step, so the sequence
 length changes at every call. Checks the tokens equal eager's, counts graphs and
-recompiles, and times ms per generated token (medians of interleaved rounds, 1 thread).
+recompiles, and times ms per generated token (medians of interleaved rounds in shuffled
+order, 1 thread).
 
     python bench/generate.py [--hidden 256 --layers 4 --new-tokens 32 --rounds 5]
 """
@@ -9,6 +10,7 @@ recompiles, and times ms per generated token (medians of interleaved rounds, 1 t
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import time
@@ -17,6 +19,7 @@ import torch
 import transformers
 
 import ortlite
+from overhead import interleaved
 
 
 def main() -> None:
@@ -76,18 +79,20 @@ def main() -> None:
         start = time.perf_counter()
         tokens = {name: generate(fn) for name, fn in candidates.items()}
         first_call_s = time.perf_counter() - start
-        times = {name: [] for name in candidates}
-        for _ in range(args.rounds):
-            for name, fn in candidates.items():
-                start = time.perf_counter()
-                generate(fn)
-                times[name].append((time.perf_counter() - start) * 1000 / args.new_tokens)
+
+        def block(call):
+            start = time.perf_counter()
+            call()
+            return (time.perf_counter() - start) * 1000 / args.new_tokens
+
+        times = interleaved({name: functools.partial(generate, fn) for name, fn in candidates.items()}, args.rounds, block)
     counters = torch._dynamo.utils.counters
     print(f"LLaMA h{args.hidden} L{args.layers}, batch {args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens, 1 thread")
     print(f"same tokens as eager: {all(torch.equal(tokens['eager'], t) for t in tokens.values())}")
     print(f"Dynamo graphs: {counters['stats']['unique_graphs']}, ortlite {backend.stats}")
     print(f"first generate (all candidates, with compiles): {first_call_s:.1f} s")
     medians = {name: statistics.median(values) for name, values in times.items()}
+    print({k: round(v, 2) for k, v in medians.items()})
     for name in [n for n in medians if not n.endswith(" (2)")]:
         median = (medians[name] + medians[f"{name} (2)"]) / 2 if f"{name} (2)" in medians else medians[name]
         print(f"{name:>28}: {median:.2f} ms/token  ({median / medians['eager']:.2f}x eager)")

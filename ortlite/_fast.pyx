@@ -50,6 +50,15 @@ class RunError(RuntimeError):
     these dtypes at run time)."""
 
 
+class SizesKeepChanging(Exception):
+    """A size prelude (ortlite.runner.SizeConstants) computed nearly every call anew: from now
+    on the runner's calls go to `replacement`, the graph compiled without one."""
+
+    def __init__(self, replacement):
+        super().__init__("sizes keep changing")
+        self.replacement = replacement
+
+
 ARG_KINDS = {"tensor": K_TENSOR, "int": K_INT, "float": K_FLOAT, "bool": K_BOOL, "unused": K_UNUSED, "frozen": K_FROZEN}
 OUTPUT_SOURCES = {"ort": S_ORT, "input": S_INPUT, "const": S_CONST, "sym": S_SYM}
 
@@ -866,9 +875,9 @@ cdef class Runner:
     cdef int64_t* frozen_versions
     cdef Py_ssize_t* frozen_itemsizes
     cdef list frozen_contents   # bytes of a buffer's contents then (None for a parameter)
-    cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or unfreezes
+    cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or replaces the runner
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
-    cdef object replacement     # that callable, once ORT has failed: calls go to it
+    cdef object replacement     # once set (ORT failed, weights keep changing, sizes keep changing): calls go to it
     cdef CRunOptions c_run_options  # for CSessions
     cdef Py_ssize_t n_fed           # arguments ORT gets a value for (not unused, not frozen)
     cdef Py_ssize_t* feed_pos       # per argument: its position among those, -1 for none
@@ -1148,6 +1157,9 @@ cdef class Runner:
                 constants = self.size_constants(args)
             except (TypeError, ValueError):  # a bad argument, named
                 raise
+            except SizesKeepChanging as e:
+                self.replace(e.replacement)
+                return self.replacement(*args)
             except Exception as e:  # ONNX Runtime failed in the size prelude (an index out of bounds, say)
                 return self._after_failure(RunError(
                     f"ortlite: ONNX Runtime failed computing the size constants of graph {self.name}: {e}\n"
@@ -1295,8 +1307,9 @@ cdef class Runner:
             return {}
         return {i: r() for i, r in zip(self.frozen_indices, self.frozen_refs)}
 
-    def unfreeze(self, replacement):
-        """Calls go to `replacement` (the graph with its weights bound) from now on."""
+    def replace(self, replacement):
+        """Calls go to `replacement` from now on (the graph with its weights bound, or without
+        its size prelude); this runner's sessions are released."""
         self.replacement = replacement
         self.frozen_indices = self.frozen_refs = None
         self._release()

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .decomp import decomposition_table
 from .frozen import frozen_inputs, sub_frozen, weight_indices
-from .logs import warn_once
+from .logs import log, warn_once
 from .lower import LoweringError, NodeNotLowered, lower_graph
 from .options import Options
 from .partition import (
@@ -322,18 +322,31 @@ class Backend:
             warn_once(f"ortlite: graph with {ops} runs in torch: {type(e).__name__}: {e}")
             return None
 
+    def _without_size_constants(self, gm, name, runner):
+        """gm compiled again without a size prelude (unboxed, its weights as frozen as the
+        runner's), for a runner whose sizes change at nearly every call; None if that fails."""
+        frozen = {i: t for i, t in runner.frozen_tensors().items() if t is not None}
+        try:
+            replacement = self._build_runner(gm, f"{name}_unhoisted", False, frozen or None, hoist=False)
+        except Exception as e:  # keep the prelude
+            log.info("ortlite: graph %s keeps its size constants: compiling it without failed: %s", name, e)
+            return None
+        log.info("ortlite: graph %s: its sizes changed at nearly every call, compiled again without size constants", name)
+        self._runners.append(replacement)
+        return self._checked(replacement, gm, name)
+
     def _checked(self, runner, gm, name, boxed=False):
         if not self.options.check_baseline:
             return runner
         checked = _BaselineChecked(runner, gm, name)
         return make_boxed_func(checked) if boxed else checked
 
-    def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool, frozen: dict | None = None):
+    def _build_runner(self, gm: torch.fx.GraphModule, name: str, boxed: bool, frozen: dict | None = None, hoist: bool = True):
         lowered = lower_graph(
             gm,
             self.options.opset,
             stable_ties=self.options.sort_ties == "stable",
-            hoist_sizes=self.options.size_constants,
+            hoist_sizes=self.options.size_constants and hoist,
             frozen=frozenset(frozen or ()),
         )
         # once frozen weights keep changing: the same graph compiled with them bound
@@ -345,6 +358,8 @@ class Backend:
             runner.disabled_optimizers = lowered.disabled_optimizers
             if frozen:  # which ONNX inputs became initializers
                 runner.frozen_names = {i: lowered.inputs[i].name for i in frozen}
+            if runner.size_constants is not None:
+                runner.size_constants.on_sizes_keep_changing = functools.partial(self._without_size_constants, gm, name, runner)
             return runner
         except Exception as e:
             origin = missing_kernel_origin(e, lowered.node_origin)

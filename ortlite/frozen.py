@@ -177,7 +177,7 @@ class FrozenWeights:
                 f"ortlite: the weights of graph {self.name} keep changing between calls (or can no longer be frozen): "
                 "bound as inputs from now on (Options(freeze_weights=False) does so from the start)"
             )
-            runner.unfreeze(self.unfrozen())
+            runner.replace(self.unfrozen())
             return
         self.built_at_run = runner.runs
         if runner.size_constants is not None:  # what its size prelude computed from the old weights

@@ -214,6 +214,63 @@ def test_what_is_kept_stays_within_its_byte_budget(monkeypatch):
     assert max(kept) >= 2 and min(kept[2:]) < max(kept), kept  # some sets were kept, older ones let go
 
 
+def _hoisted(backend):
+    return [r for r in backend._runners if r.size_constants is not None]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sizes_that_change_every_call_go_to_the_graph_without_a_prelude(case, dynamic, caplog):
+    """Past MISSES_BEFORE_REPLACING misses (generate's growing cache: a new size every call)
+    the runner hands its calls to the graph compiled without a prelude; every call before,
+    at and after the switch gives eager's result, and one log line says so."""
+    fn, make = CASES[case]
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    torch.manual_seed(0)
+    with caplog.at_level("INFO", logger="ortlite"):
+        for s in range(3, 3 + 2 * ortlite.runner.SizeConstants.MISSES_BEFORE_REPLACING + 6):
+            args = make(s)
+            assert_same(compiled(*args), fn(*args))
+    (replaced,) = [r for r in _hoisted(backend) if r.size_constants.on_sizes_keep_changing is None]
+    assert replaced.size_constants.misses == replaced.size_constants.MISSES_BEFORE_REPLACING  # none after the switch
+    unhoisted = [r for r in backend._runners if r.size_constants is None and r.runs]
+    assert unhoisted and sum(r.runs for r in unhoisted) >= ortlite.runner.SizeConstants.MISSES_BEFORE_REPLACING
+    assert sum("compiled again without size constants" in r.message for r in caplog.records) == 1
+
+
+def test_sizes_that_come_back_keep_the_prelude():
+    fn, make = CASES["causal"]
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for s in [3, 4, 5, 6, 7, 8] * 8:  # 6 sets of sizes: hits after the first round
+        args = make(s)
+        assert_same(compiled(*args), fn(*args))
+    (hoisted,) = _hoisted(backend)
+    assert hoisted.runs == 48 and hoisted.size_constants.misses == 6
+    assert hoisted.size_constants.on_sizes_keep_changing is not None
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_the_graph_without_a_prelude_keeps_its_weights_frozen_and_watched(change):
+    """After the switch, the weights the prelude read are initializers of the new graph,
+    and a change to them still reaches the next call."""
+    torch.manual_seed(0)
+    model = _RelativeBias()
+    backend = ortlite.Backend(ON)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for step, s in enumerate(range(4, 44)):
+            if step in (30, 35):  # after the switch
+                CHANGES[change](model)
+            x = torch.randn(2, s, 8)
+            assert_same(compiled(x), model(x))
+    (replaced,) = [r for r in _hoisted(backend) if r.size_constants.on_sizes_keep_changing is None]
+    assert replaced.size_constants.weights
+    (unhoisted,) = [r for r in backend._runners if r.size_constants is None and r.runs]
+    assert unhoisted.frozen_tensors()
+
+
 def test_a_bad_argument_is_named_not_crashed_on(monkeypatch):
     calls = []
     call = ortlite.runner.SizeConstants.__call__
