@@ -76,8 +76,8 @@ class Options:
         arguments, sizes and constants alone determine (masks, position ranges, gather
         indices) apart, once per set of sizes, and keep it for later calls with the same
         sizes (see ortlite.lower.hoist). Pays where sizes repeat (a few padded lengths:
-        ONNX Runtime's work is then that of a static graph); costs a little where they
-        change at every call (generate: the prelude runs each call, ~3% a token).
+        ONNX Runtime's work is then that of a static graph). A graph whose sizes change
+        at nearly every call (generate) is compiled again without it after 16 such calls.
     """
 
     providers: tuple = ()

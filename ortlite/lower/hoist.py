@@ -11,6 +11,8 @@ model whose inputs are those integers, shapes and weights; the runner runs it on
 of sizes (runner.SizeConstants keeps the results, and forgets them when a frozen weight
 changes) and feeds its outputs to the main model as inputs. Nodes of weights and constants
 alone stay in the main model, where ONNX Runtime folds them (and prepacks what they feed).
+Where sizes change at nearly every call the prelude is only a second run per call: the
+graph is then compiled again without one (SizeConstants.MISSES_BEFORE_REPLACING).
 
 Nothing else counts as fixed: not tensor values, not weights bound as inputs (training
 graphs, and weights ortlite.frozen does not freeze or the prelude cannot take:
