@@ -113,6 +113,12 @@ def _int_pool_table(x_shape, spatial, out_spatial, kernel, strides, pads, dilati
     return windows.window_table(sources, sizes)
 
 
+def _nan_or_neg_inf(g, x: Value) -> str:
+    """A 0-d bool: whether x may hold a NaN or a -inf (its sum is NaN or -inf then; a false
+    alarm, an overflow to -inf, only takes the exact branch)."""
+    return g.op("Not", g.op("Greater", g.op("ReduceSum", x, keepdims=0), g.const(float("-inf"), x.dtype)))
+
+
 @lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check)
 def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     spatial = 2 if node.target is aten.max_pool2d_with_indices.default else 3
@@ -123,24 +129,30 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
             kernel_shape=kernel, strides=_tuple(stride, spatial) if stride else kernel, pads=pads + pads,
             dilations=_tuple(dilation, spatial), ceil_mode=int(bool(ceil_mode)),
         )  # fmt: skip
-        nan = g.op("IsNaN", x)
         if indices_used(node):
             # ONNX Runtime's index is the first largest in the window, as aten's, over the
             # whole tensor (mod the plane: aten's); a NaN it skips where aten takes the last
-            g.fallback_if(any_true(g, nan), "a NaN in the input of max pooling with indices and symbolic sizes")
+            g.fallback_if(any_true(g, g.op("IsNaN", x)), "a NaN in the input of max pooling with indices and symbolic sizes")
             values, flat = g.op("MaxPool", x, outputs=2, **attrs)
             plane = g.sym(math.prod(x.shape[2:]))
             return _unbatch(g, values, unbatched), _unbatch(g, g.op("Mod", flat, plane, fmod=0), unbatched)
         values = g.op("MaxPool", x, **attrs)
-        # aten's window max is NaN when any element is (ONNX Runtime's only when it comes
-        # first), and -inf when all are (ONNX Runtime's the lowest float where the window
-        # meets the padding): a max of 2 per NaN, 1 per element above -inf, tells each
-        kind = g.op("Add", g.op("Mul", g.op("Cast", nan, to=TORCH_TO_ONNX[x.dtype]), g.const(2.0, x.dtype)),
-                    g.op("Cast", g.op("Greater", x, g.const(float("-inf"), x.dtype)), to=TORCH_TO_ONNX[x.dtype]))  # fmt: skip
-        window_kind = g.op("MaxPool", kind, **attrs)
-        values = g.op("Where", g.op("Equal", window_kind, g.const(0.0, x.dtype)), g.const(float("-inf"), x.dtype), values)
-        has_nan = g.op("Greater", window_kind, g.const(1.0, x.dtype))
-        return _unbatch(g, g.op("Where", has_nan, g.const(float("nan"), x.dtype), values), unbatched), None
+
+        def fixed(b):
+            # aten's window max is NaN when any element is (ONNX Runtime's only when it comes
+            # first), and -inf when all are (ONNX Runtime's the lowest float where the window
+            # meets the padding): a max of 2 per NaN, 1 per element above -inf, tells each
+            kind = b.op("Add", b.op("Mul", b.op("Cast", b.op("IsNaN", x), to=TORCH_TO_ONNX[x.dtype]), b.const(2.0, x.dtype)),
+                        b.op("Cast", b.op("Greater", x, b.const(float("-inf"), x.dtype)), to=TORCH_TO_ONNX[x.dtype]))  # fmt: skip
+            window_kind = b.op("MaxPool", kind, **attrs)
+            v = b.op("Where", b.op("Equal", window_kind, b.const(0.0, x.dtype)), b.const(float("-inf"), x.dtype), values)
+            return b.op("Where", b.op("Greater", window_kind, b.const(1.0, x.dtype)), b.const(float("nan"), x.dtype), v)
+
+        if arg_val(node, 0).device.type == "cpu":  # as with static sizes: the fix only where x holds a NaN or a -inf
+            (values,) = g.if_(_nan_or_neg_inf(g, x), lambda b: [fixed(b)], lambda b: [values], [Value(values, x.dtype, ())])
+        else:
+            values = fixed(g)
+        return _unbatch(g, values, unbatched), None
     kernel, strides, dilations, begins, ends = _pool_args(x.shape, spatial, out_shape(node)[-spatial:], kernel_size, stride, padding, dilation)
     if not is_float(x.dtype):
         out_spatial = out_shape(node)[-spatial:]
@@ -182,13 +194,10 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
 
     with_indices = indices_used(node)
     if not with_indices and arg_val(node, 0).device.type == "cpu":
-        # The fixes only where x holds a NaN or a -inf (its sum is NaN or -inf then; a false
-        # alarm, an overflow, takes the exact branch too): the MaxPool stays where ONNX
-        # Runtime's NCHWc transform puts it, beside the convolutions around it. (On CPU: an
-        # If's condition is read on the host, a device sync elsewhere.)
-        total = g.op("ReduceSum", original, keepdims=0)
-        flag = g.op("Not", g.op("Greater", total, g.const(float("-inf"), x.dtype)))
-        (values,) = g.if_(flag, lambda b: [fixed(b, last_nan_of(b)[1])], lambda b: [values], [Value(values, x.dtype, ())])
+        # The fixes only where x holds a NaN or a -inf: the MaxPool stays where ONNX Runtime's
+        # NCHWc transform puts it, beside the convolutions around it. (On CPU: an If's
+        # condition is read on the host, a device sync elsewhere.)
+        (values,) = g.if_(_nan_or_neg_inf(g, original), lambda b: [fixed(b, last_nan_of(b)[1])], lambda b: [values], [Value(values, x.dtype, ())])
         return _unbatch(g, values, unbatched), None
     last_nan, has_nan = last_nan_of(g)
     values = fixed(g, has_nan)
