@@ -113,10 +113,17 @@ def _int_pool_table(x_shape, spatial, out_spatial, kernel, strides, pads, dilati
     return windows.window_table(sources, sizes)
 
 
-def _nan_or_neg_inf(g, x: Value) -> str:
-    """A 0-d bool: whether x may hold a NaN or a -inf (its sum is NaN or -inf then; a false
-    alarm, an overflow to -inf, only takes the exact branch)."""
-    return g.op("Not", g.op("Greater", g.op("ReduceSum", x, keepdims=0), g.const(float("-inf"), x.dtype)))
+def _fixed_where_needed(g, node, x: Value, values: str, fixed) -> str:
+    """fixed(b) (the max pool's NaN and -inf fixes, built with b) for the values of MaxPool
+    on x. On CPU only inside an If on whether x may hold a NaN or a -inf (its sum is NaN or
+    -inf then; a false alarm, an overflow to -inf, only takes the exact branch): the MaxPool
+    stays where ONNX Runtime's NCHWc transform puts it, beside the convolutions around it.
+    Elsewhere always (an If's condition is read on the host: a device sync)."""
+    if arg_val(node, 0).device.type != "cpu":
+        return fixed(g)
+    maybe = g.op("Not", g.op("Greater", g.op("ReduceSum", x, keepdims=0), g.const(float("-inf"), x.dtype)))
+    (out,) = g.if_(maybe, lambda b: [fixed(b)], lambda b: [values], [Value(values, x.dtype, ())])
+    return out
 
 
 @lower(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default, check=_max_pool_check)
@@ -148,11 +155,7 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
             v = b.op("Where", b.op("Equal", window_kind, b.const(0.0, x.dtype)), b.const(float("-inf"), x.dtype), values)
             return b.op("Where", b.op("Greater", window_kind, b.const(1.0, x.dtype)), b.const(float("nan"), x.dtype), v)
 
-        if arg_val(node, 0).device.type == "cpu":  # as with static sizes: the fix only where x holds a NaN or a -inf
-            (values,) = g.if_(_nan_or_neg_inf(g, x), lambda b: [fixed(b)], lambda b: [values], [Value(values, x.dtype, ())])
-        else:
-            values = fixed(g)
-        return _unbatch(g, values, unbatched), None
+        return _unbatch(g, _fixed_where_needed(g, node, x, values, fixed), unbatched), None
     kernel, strides, dilations, begins, ends = _pool_args(x.shape, spatial, out_shape(node)[-spatial:], kernel_size, stride, padding, dilation)
     if not is_float(x.dtype):
         out_spatial = out_shape(node)[-spatial:]
@@ -192,17 +195,10 @@ def max_pool_with_indices(g, node, x, kernel_size, stride=(), padding=0, dilatio
         v = b.op("Where", all_neg_inf, b.const(float("-inf"), x.dtype), values)
         return b.op("Where", has_nan, b.const(float("nan"), x.dtype), v)
 
-    with_indices = indices_used(node)
-    if not with_indices and arg_val(node, 0).device.type == "cpu":
-        # The fixes only where x holds a NaN or a -inf: the MaxPool stays where ONNX Runtime's
-        # NCHWc transform puts it, beside the convolutions around it. (On CPU: an If's
-        # condition is read on the host, a device sync elsewhere.)
-        (values,) = g.if_(_nan_or_neg_inf(g, original), lambda b: [fixed(b, last_nan_of(b)[1])], lambda b: [values], [Value(values, x.dtype, ())])
-        return _unbatch(g, values, unbatched), None
+    if not indices_used(node):
+        return _unbatch(g, _fixed_where_needed(g, node, original, values, lambda b: fixed(b, last_nan_of(b)[1])), unbatched), None
     last_nan, has_nan = last_nan_of(g)
     values = fixed(g, has_nan)
-    if not with_indices:
-        return _unbatch(g, values, unbatched), None
     # ONNX numbers indices over the whole (padded) tensor, aten within each plane
     _, onnx_indices = g.op("MaxPool", x, outputs=2, **attrs)
     padded = [n + p + t for n, p, t in zip(sizes, lead, tail)]
