@@ -137,7 +137,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         elif spec.kind != InputKind.USER_INPUT:
             raise CompileError(f"ortlite.compile: unsupported exported input kind {spec.kind} ({spec.target})")
 
-    ranges = {symbol: (finite_int(r.lower), finite_int(r.upper)) for symbol, r in program.range_constraints.items()}
+    ranges = _ranges_run(program, placeholders)
     lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable")
     mutations = [
         (spec.kind, spec.target if spec.kind == OutputKind.BUFFER_MUTATION else _user_input_index(signature, spec.target))
@@ -154,6 +154,24 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
     buffers = dict(module.named_buffers()) if module is not None else {k: v for k, v in state.items()}
     return attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutations, buffers)
+
+
+def _ranges_run(program: ExportedProgram, placeholders) -> dict:
+    """symbol -> (min, max or None) of the sizes and int arguments the compiled graph takes:
+    the exported ranges, except that a Dim which allows 0 runs from 1. Export traced the graph
+    with sizes of at least 2, and ortlite's lowerings assume inputs that are not empty."""
+    sizes = {
+        d.node.expr
+        for n in placeholders
+        if isinstance(val := n.meta.get("val"), torch.Tensor)
+        for d in val.shape
+        if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol
+    }
+    ranges = {}
+    for symbol, r in program.range_constraints.items():
+        low, high = finite_int(r.lower), finite_int(r.upper)
+        ranges[symbol] = (max(low or 0, 1) if symbol in sizes else low, high)
+    return ranges
 
 
 def model_class(lowered, has_weights: bool, mutations: list, in_spec, out_spec) -> type:

@@ -386,9 +386,10 @@ def _unequal_sizes(graph, symbol, arg, dim, other_arg, other_dim, args) -> Excep
 
 def _size_out_of_range(graph, symbol, value, low, high, arg, dim) -> Exception:
     where = f"argument {arg}" + ("" if dim is None else f" dim {dim}")
+    empty = " (ortlite.compile runs a Dim from 1 even where the Dim allows 0: its lowerings assume inputs that are not empty)" if value == 0 else ""
     return ValueError(
         f"ortlite graph {graph}: {where} is {value}, outside the range [{low}, {'inf' if high is None else high}] "
-        f"it was compiled for (size {symbol})"
+        f"it was compiled for (size {symbol}){empty}"
     )
 
 

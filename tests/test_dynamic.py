@@ -180,6 +180,45 @@ def test_aot_dynamic_batch():
         compiled(torch.randn(3, 65))
 
 
+# reductions and normalizations over the Dim, and ops whose ONNX Runtime kernels refuse empty inputs
+_OVER_A_DIM = {
+    "mean": lambda x: x.mean(1),
+    "var": lambda x: x.var(1),
+    "std": lambda x: x.std(1),
+    "logsumexp": lambda x: x.logsumexp(1),
+    "softmax": lambda x: x.softmax(1),
+    "sum": lambda x: x.sum(1),
+    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, (6,)),
+    "attention": lambda x: torch.nn.functional.scaled_dot_product_attention(*[x.reshape(1, 1, x.shape[0], 6)] * 3),
+    "adaptive_avg_pool": lambda x: torch.nn.functional.adaptive_avg_pool1d(x.unsqueeze(0), 3),
+    "cat": lambda x: torch.cat([x, x * 2], 1),
+}
+
+
+@pytest.mark.parametrize("name", list(_OVER_A_DIM))
+def test_aot_dims_that_allow_zero(name):
+    """torch.export traces with sizes of at least 2 but takes its Dims' whole range (a Dim's
+    default minimum is 0). ortlite's lowerings assume inputs that are not empty: a mean over
+    the Dim gave a number where eager gives NaN, layer norm and attention failed inside ONNX
+    Runtime. A Dim that allows 0 now runs from 1: a 0 is a named error, 1 and up eager's."""
+    fn = _OVER_A_DIM[name]
+    dim = 0 if name in ("attention", "adaptive_avg_pool", "layer_norm") else 1
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    model = Model()
+    compiled = ortlite.compile(model, (torch.randn(5, 6),), dynamic_shapes=({dim: Dim("n", max=64)},))
+    with torch.no_grad():
+        for n in (1, 2, 7):
+            x = torch.randn(*[n if d == dim else (5, 6)[d] for d in (0, 1)])
+            assert_same(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        empty = torch.randn(*[0 if d == dim else (5, 6)[d] for d in (0, 1)])
+        with pytest.raises(ValueError, match=rf"dim {dim} is 0, outside the range \[1, 64\].*not empty"):
+            compiled(empty)
+
+
 def test_aot_sizes_that_must_agree():
     class Add(torch.nn.Module):
         def forward(self, x, y):

@@ -16,6 +16,7 @@ from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
 from .fusions import fold_flattening_reshapes, fuse_rms_norm
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
+from .ops.common import declared_ranges
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
@@ -106,6 +107,11 @@ def lower_graph(
     shapes, constants and frozen weights alone determine into a size prelude (see lower.hoist;
     the runner of runner.build_runner runs it). frozen: indices of the arguments that are
     frozen weights (ortlite.frozen)."""
+    with declared_ranges(symbol_ranges):
+        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen)
+
+
+def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen) -> LoweredGraph:
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import operator
 
 import torch
 from onnx import TensorProto
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from ..builder import GraphBuilder, Value, sym_expr
 from ..registry import meta
@@ -85,13 +90,37 @@ def is_float(dtype: torch.dtype) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+# torch.export traces with sizes of at least 2 (its shape environment says so) while the
+# exported program takes its Dims' whole ranges: ortlite.compile declares the ranges it
+# runs (lower_graph's symbol_ranges), and what may be 0 is judged by those
+_declared_ranges: contextvars.ContextVar[dict] = contextvars.ContextVar("ortlite_declared_ranges", default={})
+
+
+@contextlib.contextmanager
+def declared_ranges(ranges: dict | None):
+    """symbol -> (min, max or None): the sizes the graph will run with, where they are wider
+    than the shape environment's, for may_be_zero while lowering."""
+    token = _declared_ranges.set({s: ValueRanges(lo, int_oo if hi is None else hi) for s, (lo, hi) in (ranges or {}).items()})
+    try:
+        yield
+    finally:
+        _declared_ranges.reset(token)
+
+
 def may_be_zero(size) -> bool:
-    """Can this size be 0 at run time? (Dynamo's symbolic sizes are >= 2; export's Dims
-    say their range.) Reads the range without adding guards."""
+    """Can this size be 0 at run time? Asks without adding a guard. Dynamo's symbolic sizes
+    are >= 2, and what its guards establish counts (every call that reaches the graph passed
+    them): Swin's window count, a floor division of a padded size whose interval bounds
+    reach 0, is known >= 1. Sizes of symbols with declared ranges (torch.export's Dims) are
+    bounded by those."""
     if isinstance(size, int):
         return size == 0
-    node = size.node
-    return node.shape_env.bound_sympy(node.expr).lower <= 0
+    expr = size.node.expr
+    declared = _declared_ranges.get()
+    if declared and expr.free_symbols & declared.keys():
+        ranges = {s: declared.get(s) or size.node.shape_env.var_to_range.get(s, ValueRanges.unknown()) for s in expr.free_symbols}
+        return bound_sympy(expr, ranges).lower <= 0
+    return not statically_known_true(size >= 1)
 
 
 def may_be_empty(t) -> bool:
@@ -110,16 +139,14 @@ def is_static(shape) -> bool:
 
 def fills_its_storage(t) -> bool:
     """Are t's elements all its storage holds (offset 0, no gaps), known without a guard?"""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
-
+    known = statically_known_true
     return known(t.storage_offset() == 0) and known(t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
 
 def has_contiguous_strides(sizes, strides) -> bool:
     """Are strides the contiguous ones of sizes (any stride on a size-1 dim), known without
     a guard?"""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
-
+    known = statically_known_true
     return all(known(n == 1) or known(s == math.prod(sizes[k + 1 :])) for k, (n, s) in enumerate(zip(sizes, strides)))
 
 
