@@ -139,6 +139,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
 
     ranges = _ranges_run(program, placeholders)
     lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable")
+    lowered.guards = _export_guards(placeholders, lowered.symbols)
     mutations = [
         (spec.kind, spec.target if spec.kind == OutputKind.BUFFER_MUTATION else _user_input_index(signature, spec.target))
         for spec in signature.output_specs
@@ -172,6 +173,22 @@ def _ranges_run(program: ExportedProgram, placeholders) -> dict:
         low, high = finite_int(r.lower), finite_int(r.upper)
         ranges[symbol] = (max(low or 0, 1) if symbol in sizes else low, high)
     return ranges
+
+
+def _export_guards(placeholders, symbols: dict) -> list:
+    """The exported program's guards on its inputs' sizes and int arguments (what
+    ExportedProgram.module() asserts per call): a slice bound n of x[:, :n] traced with
+    0 <= n <= x.shape[1] gives a graph that is wrong for other n."""
+    env = next((d.node.shape_env for n in placeholders for d in _symints(n.meta.get("val"))), None)
+    if env is None:
+        return []
+    return [g.expr for g in env.guards if g.expr.free_symbols and g.expr.free_symbols <= set(symbols)]
+
+
+def _symints(val) -> list:
+    if isinstance(val, torch.Tensor):
+        return [d for d in val.shape if isinstance(d, torch.SymInt)]
+    return [val] if isinstance(val, torch.SymInt) else []
 
 
 def model_class(lowered, has_weights: bool, mutations: list, in_spec, out_spec) -> type:

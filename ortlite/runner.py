@@ -338,16 +338,22 @@ def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list):
                 f"    if {read(other_arg, other_dim)} != {symbol}: raise _unequal({name!r}, {str(symbol)!r}, {arg}, {dim}, {other_arg}, {other_dim}, args)"
             )
         low, high = lowered.symbol_ranges.get(symbol, (None, None))
+        # (a minimum of 0 goes unchecked: sizes are never negative, and an int argument's 0 is
+        # torch.export's default, which its own module does not enforce: its guards say where
+        # a negative int matters, checked below)
         checks = ([f"{symbol} < {low}"] if low else []) + ([f"{symbol} > {high}"] if high is not None else [])
         if checks:
             lines.append(f"    if {' or '.join(checks)}: raise _out_of_range({name!r}, {str(symbol)!r}, {symbol}, {low}, {high}, {arg}, {dim})")
+    for guard in lowered.guards:
+        values = ", ".join(f"{symbol}={{{symbol}}}" for symbol in sorted(guard.free_symbols, key=str))
+        lines.append(f"    if not ({printer.doprint(guard)}): raise _guard_failed({name!r}, {str(guard)!r}, f{values!r})")
     try:
         shapes = ", ".join(_shape_code(o.shape, lowered.symbols, printer) for o in lowered.ort_outputs)
         values = ", ".join(printer.doprint(expr) for expr in sym_outputs)
     except NotImplementedError as e:  # a sympy function PythonPrinter cannot print
         raise ValueError(f"ortlite graph {name}: cannot compute sizes in Python: {e}") from None
     lines.append(f"    return ({shapes}{',' if lowered.ort_outputs else ''}), ({values}{',' if sym_outputs else ''})")
-    namespace = {"_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range, "math": math, "torch": torch}
+    namespace = {"_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range, "_guard_failed": _guard_failed, "math": math, "torch": torch}
     code = compile("\n".join(lines), f"<ortlite sizes of {name}>", "exec")
     unknown = _names(code) - set(namespace) - set(vars(builtins)) - {"sizes", "args"}
     if unknown:  # a sympy function PythonPrinter has no Python for (e.g. OpaqueUnaryFn_exp)
@@ -391,6 +397,10 @@ def _size_out_of_range(graph, symbol, value, low, high, arg, dim) -> Exception:
         f"ortlite graph {graph}: {where} is {value}, outside the range [{low}, {'inf' if high is None else high}] "
         f"it was compiled for (size {symbol}){empty}"
     )
+
+
+def _guard_failed(graph, guard, values) -> Exception:
+    return ValueError(f"ortlite graph {graph}: its arguments' sizes break {guard}, which the exported program was traced under ({values})")
 
 
 def describe_mismatch(graph, index, input_name, dtype, device_index, shape, got) -> Exception:

@@ -127,6 +127,7 @@ def _metadata(compiled) -> dict:
         "outputs": outputs,
         "sizes": [{"symbol": expr(s), "sources": [[moved(a), d] for a, d in sources]} for s, sources in lowered.symbols.items()],
         "failures": [[i, message, to_torch] for i, message, to_torch in lowered.failures],
+        "guards": [expr(g) for g in lowered.guards],
         "disabled_optimizers": list(lowered.disabled_optimizers),
         "pattern_key": lowered.pattern_key,
         "bound": [{"input": lowered.inputs[i].name, "buffer": compiled._weight_targets[i]} for i in kept],
@@ -339,7 +340,8 @@ def _decode(model: onnx.ModelProto, m: dict):
     if out_spec.num_leaves != len(outputs) - len(mutations):
         raise _Invalid(f"its output spec has {out_spec.num_leaves} leaves, but the graph returns {len(outputs) - len(mutations)}")
     lowered = LoweredGraph(
-        model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures, pattern_key=pattern_key
+        model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures, pattern_key=pattern_key,
+        guards=[expr(j) for j in m.get("guards", [])],
     )
     return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec}
 

@@ -219,6 +219,49 @@ def test_aot_dims_that_allow_zero(name):
             compiled(empty)
 
 
+# int arguments that bound slices: export traces them under guards (0 <= n <= x.shape[1], n != 1)
+_INT_BOUNDS = {
+    "slice_end": lambda x, n: x[:, :n].mean(1),
+    "slice_start": lambda x, n: x[:, n:].sum(1),
+    "narrow": lambda x, n: x.narrow(1, n, 2) * 2,
+    "select": lambda x, n: x.select(1, n) + 1,
+}
+
+
+@pytest.mark.parametrize("name", list(_INT_BOUNDS))
+def test_aot_int_arguments_outside_the_exported_guards(name, tmp_path):
+    """torch.export traces x[:, :n] with a symbolic n under guards its module checks per call
+    (n within [0, x.shape[1]], not 1, ...). ortlite.compile ignored them: n past the end or
+    negative gave a mean over the wrong count. Every call now either raises a ValueError
+    where the exported program raises, or gives its result; so does the saved file, loaded."""
+    fn = _INT_BOUNDS[name]
+
+    class Model(torch.nn.Module):
+        def forward(self, x, n: int):
+            return fn(x, n)
+
+    args = (torch.randn(3, 8), 3)
+    shapes = {"x": {1: Dim("s", min=3, max=64)}, "n": Dim.DYNAMIC}
+    program = torch.export.export(Model(), args, dynamic_shapes=shapes)
+    compiled = ortlite.compile(Model(), args, dynamic_shapes=shapes)
+    compiled.save(tmp_path / "m.onnx")
+    loaded = ortlite.load(tmp_path / "m.onnx")
+    raised = 0
+    for s, n in [(8, 3), (8, 0), (8, 1), (8, 8), (5, 9), (6, -2), (6, -6), (6, -7), (7, 6), (3, 1)]:
+        x = torch.randn(3, s)
+        try:
+            expected = program.module()(x, n)
+        except Exception:
+            raised += 1
+            for runner in (compiled, loaded):
+                with pytest.raises(ValueError, match="exported program was traced under|outside the range"):
+                    runner(x, n)
+            continue
+        assert_same(compiled(x, n), expected)
+        assert_same(loaded(x, n), expected)
+    assert 0 < raised < 10
+
+
 def test_aot_sizes_that_must_agree():
     class Add(torch.nn.Module):
         def forward(self, x, y):

@@ -78,6 +78,9 @@ class LoweredGraph:
     # apart once per set of sizes (lower.hoist); their results are the last inputs, after the
     # graph's own arguments
     size_prelude: SizePrelude | None = None
+    # conditions on the symbols every call must meet (sympy booleans): torch.export's guards,
+    # relations between sizes and int arguments (n <= x.shape[1]) its graph was traced under
+    guards: list = dataclasses.field(default_factory=list)
 
 
 def _scalar_kind(val) -> str | None:

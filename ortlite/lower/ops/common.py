@@ -100,7 +100,8 @@ _declared_ranges: contextvars.ContextVar[dict] = contextvars.ContextVar("ortlite
 def declared_ranges(ranges: dict | None):
     """symbol -> (min, max or None): the sizes the graph will run with, where they are wider
     than the shape environment's, for may_be_zero while lowering."""
-    token = _declared_ranges.set({s: ValueRanges(lo, int_oo if hi is None else hi) for s, (lo, hi) in (ranges or {}).items()})
+    bound = lambda v, infinity: infinity if v is None else v  # noqa: E731
+    token = _declared_ranges.set({s: ValueRanges(bound(lo, -int_oo), bound(hi, int_oo)) for s, (lo, hi) in (ranges or {}).items()})
     try:
         yield
     finally:
@@ -118,7 +119,7 @@ def may_be_zero(size) -> bool:
     expr = size.node.expr
     declared = _declared_ranges.get()
     if declared and expr.free_symbols & declared.keys():
-        ranges = {s: declared.get(s) or size.node.shape_env.var_to_range.get(s, ValueRanges.unknown()) for s in expr.free_symbols}
+        ranges = {s: declared[s] if s in declared else size.node.shape_env.var_to_range.get(s, ValueRanges.unknown()) for s in expr.free_symbols}
         return bound_sympy(expr, ranges).lower <= 0
     return not statically_known_true(size >= 1)
 
