@@ -859,6 +859,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}; no timing")
     parser.add_argument("--no-time", action="store_true")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--min-block-ms", type=float, default=20.0,
+                        help="each timed block calls a candidate as often as eager runs in this long (at most 50 calls): "
+                             "models of a few ms get 3-5 calls a block at the default, which leaves copies of one graph up to 40%% apart")
     parser.add_argument("--cpu-time", action="store_true", help="time with this thread's CPU time (time.thread_time), not wall time: steadier on a shared machine")
     parser.add_argument("--out", help="markdown file (default bench/results/zoo.md for a full run, none otherwise)")
     parser.add_argument("--json", help="also write every result (run_model's dicts, timings) to this file")
@@ -906,7 +909,7 @@ def main(argv=None):
         if timed:
             try:
                 clock = time.thread_time if args.cpu_time else time.perf_counter
-                timings[name] = time_model(name, args.rounds, model=model, clock=clock)
+                timings[name] = time_model(name, args.rounds, args.min_block_ms / 1e3, model=model, clock=clock)
             except Exception:
                 timings[name] = {"error": traceback.format_exc()}
             torch._dynamo.reset()
