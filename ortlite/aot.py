@@ -17,6 +17,7 @@ from . import _fast
 from .decomp import export_decomposition_table
 from .dynamo_backend import missing_kernel_origin
 from .lower import finite_int, lower_graph
+from .lower.registry import shape_env_of
 from .options import Options
 from .partition import source_line, unsupported_nodes
 from .runner import runner_for
@@ -179,16 +180,10 @@ def _export_guards(placeholders, symbols: dict) -> list:
     """The exported program's guards on its inputs' sizes and int arguments (what
     ExportedProgram.module() asserts per call): a slice bound n of x[:, :n] traced with
     0 <= n <= x.shape[1] gives a graph that is wrong for other n."""
-    env = next((d.node.shape_env for n in placeholders for d in _symints(n.meta.get("val"))), None)
+    env = next((env for n in placeholders if (env := shape_env_of(n)) is not None), None)
     if env is None:
         return []
     return [g.expr for g in env.guards if g.expr.free_symbols and g.expr.free_symbols <= set(symbols)]
-
-
-def _symints(val) -> list:
-    if isinstance(val, torch.Tensor):
-        return [d for d in val.shape if isinstance(d, torch.SymInt)]
-    return [val] if isinstance(val, torch.SymInt) else []
 
 
 def model_class(lowered, has_weights: bool, mutations: list, in_spec, out_spec) -> type:
