@@ -530,3 +530,95 @@ def test_flattened_products_that_must_keep_their_reshapes(case, dynamic):
         x = torch.randn(batch, seq, 8)
         assert_same(compiled(x), fn(x), rtol=1e-5, atol=1e-5)
     assert backend.stats.fallback_ops == {}
+
+
+# -- attention on token rows (ONNX Attention's 3-D form) ----------------------------------
+
+
+class HeadsAttention(torch.nn.Module):
+    """Attention as transformers spell it (GPT-2's, BERT's, ViT's, LLaMA's grouped heads): token
+    rows (B, S, N*D) viewed into heads and transposed, attended, transposed back and merged.
+    mask: None; "input" (a float mask argument); "causal" (GPT-2's: a static mask built from
+    arange, 0 and -inf); "hole" (built so, and one query row sees no key: aten's zeros,
+    where the fused kernel differs); also_heads: the 4-D result is returned too."""
+
+    def __init__(self, heads=4, kv_heads=4, size=16, causal=False, mask=None, also_heads=False):
+        super().__init__()
+        self.heads, self.kv_heads, self.size, self.causal, self.mask, self.also_heads = heads, kv_heads, size, causal, mask, also_heads
+        self.q = torch.nn.Linear(32, heads * size)
+        self.kv = torch.nn.Linear(32, 2 * kv_heads * size)
+
+    def forward(self, x, y, mask=None):
+        (b, s, _), t = x.shape, y.shape[1]
+        q = self.q(x).view(b, s, self.heads, self.size).transpose(1, 2)
+        k, v = self.kv(y).split(self.kv_heads * self.size, dim=-1)
+        k = k.view(b, t, self.kv_heads, self.size).transpose(1, 2)
+        v = v.reshape(b, t, -1, self.size).transpose(1, 2)
+        if self.mask in ("causal", "hole"):
+            allowed = torch.arange(t)[None, :] <= torch.arange(s)[:, None]
+            if self.mask == "hole":
+                allowed[s // 2] = False
+            mask = torch.zeros(s, t).masked_fill(~allowed, float("-inf"))[None, None].expand(b, 1, s, t)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal, enable_gqa=self.heads != self.kv_heads)
+        merged = out.transpose(1, 2).reshape(b, s, self.heads * self.size)
+        return (merged, out) if self.also_heads else merged
+
+
+TOKEN_ROW_CASES = {
+    # name: (module, (batch, query length, key length), the 3-D form expected)
+    "plain": (HeadsAttention(), (2, 7, 7), True),
+    "causal": (HeadsAttention(causal=True), (1, 9, 9), True),
+    "causal, keys longer": (HeadsAttention(causal=True), (2, 3, 8), True),
+    "grouped heads, causal": (HeadsAttention(heads=8, kv_heads=2, causal=True), (2, 6, 6), True),
+    "cross, one query": (HeadsAttention(), (3, 1, 5), True),
+    "static causal mask": (HeadsAttention(mask="causal"), (2, 7, 7), True),
+    "static mask with a row that sees nothing": (HeadsAttention(mask="hole"), (2, 6, 6), False),
+    "mask argument": (HeadsAttention(mask="input"), (2, 5, 7), False),
+    "heads returned too": (HeadsAttention(also_heads=True), (2, 5, 5), False),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKEN_ROW_CASES))
+def test_attention_on_token_rows_loses_its_transposes(case):
+    """Where q, k and v come from token rows and the result goes back to them, ONNX
+    Runtime runs Attention's 3-D form: no Transpose is left. A static mask decides its row
+    check now: no If. Where the pattern does not hold, the 4-D form and its Transposes stay.
+    Values as eager's, also with scores that saturate the softmax and that vanish."""
+    module, (b, s, t), three_d = TOKEN_ROW_CASES[case]
+    torch.manual_seed(0)
+    x, y = torch.randn(b, s, 32), torch.randn(b, t, 32)
+    args = (x, y) if module.mask != "input" else (x, y, torch.randn(b, 1, s, t))
+    with torch.no_grad():
+        compiled = ortlite.compile(module.eval(), args)
+        ops = optimized_ops(compiled.onnx_model)
+        if three_d:
+            attention = [n for n in compiled.onnx_model.graph.node if n.op_type == "Attention"]
+            assert len(attention) == 1 and {a.name for a in attention[0].attribute} >= {"q_num_heads", "kv_num_heads"}
+            assert ops["Transpose"] == 0 and ops["If"] == 0, ops
+        elif module.mask == "hole":
+            assert ops["Attention"] == 0 and ops["If"] == 0, ops  # the written-out ops, decided now
+        else:
+            assert ops["Transpose"] >= 2, ops
+        # (not NaN in q: aten's CPU kernel makes such a row 0 or NaN by the lengths, its blocks)
+        for call in (args, (x * 40, *args[1:]), (x * 1e-30, *args[1:])):
+            assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_attention_on_token_rows_with_symbolic_sizes(mask, tmp_path):
+    """torch.compile with symbolic batch and lengths, called in a loop where they change:
+    the 3-D form without a mask (the hidden sizes declared: ONNX Runtime's shape inference
+    takes unknown ones for 0); a causal mask built from symbolic sizes keeps its check."""
+    torch._dynamo.reset()
+    module = HeadsAttention(heads=8, kv_heads=2, causal=mask is None, mask=mask).eval()
+    backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
+    f = torch.compile(module, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for b, s in [(2, 5), (3, 3), (4, 9), (2, 2)]:
+            x, y = torch.randn(b, s, 32), torch.randn(b, s, 32)
+            assert_same(f(x, y), module(x, y), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs == 1, backend.stats
+    (path,) = tmp_path.glob("*.onnx")
+    graph = onnx.load(path).graph
+    head_transposes = [n for n in graph.node if n.op_type == "Transpose" and list(n.attribute[0].ints) == [0, 2, 1, 3]]
+    assert len(head_transposes) == (0 if mask is None else 4), _ops_with_subgraphs(graph)

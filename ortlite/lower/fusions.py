@@ -8,6 +8,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from .builder import TORCH_TO_ONNX, onnx_dim
 from .ops.common import same_shape
 
 
@@ -165,6 +166,96 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
     del graph.node[:]
     graph.node.extend(live_nodes(nodes, outputs))
     return len(replaced)
+
+
+HEADS_PERM = [0, 2, 1, 3]  # (B, S, N, D) <-> (B, N, S, D)
+
+
+def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
+    """Multi-head attention as models spell it around ONNX's Attention (4-D: heads first):
+        x (B, S, N*D) -> Reshape (B, S, N, D) -> Transpose -> q, k or v
+        Attention -> Transpose -> Reshape (B, S, N*Dv)
+    (Identities, or Reshapes to the same shape, between any two) becomes Attention's 3-D form (q_num_heads, kv_num_heads),
+    which reads each head in place from the token rows and writes it so: the four Transposes
+    (copies) of every attention go; the same kernel, the same arithmetic. Only in the main
+    graph, where q, k and v all come so and the output only goes so (each value on the way
+    read by the next alone), no past key or value. known: as for fuse_rms_norm. Returns
+    the number rewritten."""
+    outputs = {o.name for o in graph.output}
+    only_user = _only_user(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def passes(node) -> bool:
+        """An Identity, or a Reshape to the shape it has."""
+        if node.op_type == "Identity":
+            return True
+        return node.op_type == "Reshape" and all(v in known for v in (node.input[0], node.output[0])) and same_shape(known[node.input[0]][1], known[node.output[0]][1])
+
+    def made_by(value, op_type):
+        """The node making value, through nodes that pass it on, if it is of op_type."""
+        node = producer.get(value)
+        while node is not None and node.domain in ("", "ai.onnx") and passes(node):
+            node = producer.get(node.input[0])
+        return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+
+    def read_by(value, op_type):
+        """The only node reading value, through nodes that pass it on, if it is of op_type."""
+        node = only_user(value, "Identity") or only_user(value, "Reshape")
+        while node is not None and passes(node):
+            value = node.output[0]
+            node = only_user(value, "Identity") or only_user(value, "Reshape")
+        return only_user(value, op_type)
+
+    def perm(node) -> list | None:
+        return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+    def token_rows(value):
+        """x where value is x -> Reshape (B, S, N, D) -> Transpose(0, 2, 1, 3), else None."""
+        transpose = made_by(value, "Transpose")
+        reshape = transpose and perm(transpose) == HEADS_PERM and made_by(transpose.input[0], "Reshape")
+        if not reshape or reshape.input[0] not in known or reshape.output[0] not in known:
+            return None
+        return reshape.input[0] if _splits_last(known[reshape.input[0]][1], known[reshape.output[0]][1]) else None
+
+    rewritten, removed = {}, set()
+    for node in graph.node:
+        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.output) != 1 or any(node.input[4:]) or len(node.input) < 3:
+            continue
+        rows = [token_rows(v) for v in node.input[:3]]
+        back = read_by(node.output[0], "Transpose")
+        merge = back and perm(back) == HEADS_PERM and read_by(back.output[0], "Reshape")
+        if None in rows or not merge or node.output[0] not in known or merge.output[0] not in known:
+            continue
+        if not _splits_last(known[merge.output[0]][1], known[node.output[0]][1], HEADS_PERM):
+            continue
+        heads_of = lambda v: known[v][1][1]  # noqa: E731  (4-D q, k: (B, N, S, D))
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        rewritten[id(node)] = helper.make_node(
+            "Attention", [*rows, *node.input[3:]], [merge.output[0]], name=node.name,
+            q_num_heads=heads_of(node.input[0]), kv_num_heads=heads_of(node.input[1]), **attrs,
+        )  # fmt: skip
+        removed.add(id(merge))  # (the nodes between are left unread)
+        # ONNX Runtime's shape inference takes an unknown hidden size for 0, and then
+        # rejects the output: the token rows' shapes, declared
+        for x in rows:
+            dtype, shape = known[x]
+            graph.value_info.append(helper.make_tensor_value_info(x, TORCH_TO_ONNX[dtype], [onnx_dim(d) for d in shape]))
+    if not rewritten:
+        return 0
+    nodes = [rewritten.get(id(n), n) for n in graph.node if id(n) not in removed]
+    del graph.node[:]
+    graph.node.extend(live_nodes(nodes, outputs))
+    return len(rewritten)
+
+
+def _splits_last(rows: tuple, heads: tuple, perm=(0, 1, 2, 3)) -> bool:
+    """rows (B, S, N*D) and heads, permuted by perm, (B, S, N, D), N and D ints."""
+    if len(rows) != 3 or len(heads) != 4:
+        return False
+    b, s, n, d = (heads[p] for p in perm)
+    return type(n) is int and type(d) is int and type(rows[2]) is int and rows[2] == n * d and same_shape(rows[:2], (b, s))
 
 
 def live_nodes(nodes: list, outputs: set) -> list:

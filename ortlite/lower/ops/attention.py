@@ -15,7 +15,7 @@ from ...options import DEFAULT_OPSET
 from ..builder import TORCH_TO_ONNX, SymbolicShapeError, Value, sym_expr
 from ..registry import lower
 from .shape import reshape_to
-from .common import any_true, aten, arg_val, indices_used, is_float, may_be_zero
+from .common import any_true, aten, arg_val, computed_now, indices_used, is_float, may_be_zero
 
 FUSED_OPSET = 23  # ONNX Attention
 
@@ -131,11 +131,13 @@ def _any_zero(g, sizes: list, values) -> str | None:
     return result
 
 
-def _fused(g, q, k, v, is_causal, attn_mask, scale):
+def _fused(g, q, k, v, is_causal, attn_mask, scale, mask_now=None):
     """ONNX Attention (4-d q, k, v as aten's: grouped heads and a top-left causal mask as
     aten's). Its CPU kernel gives zeros for a row whose masked scores all are the lowest
     float (aten: their softmax, uniform weights); rows whose mask (where the causal mask
-    allows) is nowhere above -1e30 or NaN take the written-out ops instead, in an If."""
+    allows) is nowhere above -1e30 or NaN take the written-out ops instead, in an If, or,
+    for a mask computed from constants alone (mask_now: its value; a static causal mask),
+    as that check decides now."""
     g.opset = max(g.opset, FUSED_OPSET)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
     attrs = dict(scale=float(scale), is_causal=int(bool(is_causal)))
@@ -158,6 +160,10 @@ def _fused(g, q, k, v, is_causal, attn_mask, scale):
     mask = attn_mask
     if attn_mask.rank != 4 or not _same(attn_mask.shape[2], length) or not _same(attn_mask.shape[3], source):
         mask = g.expand(attn_mask, [1, 1, length, source])
+    if mask_now is not None and empty is None:
+        if _odd_rows_now(mask_now, is_causal, length, source):
+            return _written_out(g, q, k, v, is_causal, attn_mask, scale, False)[0]
+        return g.op("Attention", q, k, v, mask, **attrs)
     allowed = mask
     if is_causal:
         allowed = g.op("Where", _causal_allowed(g, length, source), mask, g.const(float("-inf"), q.dtype))
@@ -178,9 +184,18 @@ def _fused(g, q, k, v, is_causal, attn_mask, scale):
 def sdpa_flash_cpu(g, node, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     lse_used = indices_used(node)
     if _fused_ok(g, node, q, k, attn_mask, lse_used):
-        return _fused(g, q, k, v, is_causal, attn_mask, scale), None
+        return _fused(g, q, k, v, is_causal, attn_mask, scale, computed_now(node.kwargs.get("attn_mask"))), None
     out, lse = _written_out(g, q, k, v, is_causal, attn_mask, scale, lse_used)
     return out, (None if lse is None else g.op("Cast", lse, to=TORCH_TO_ONNX[node.meta["val"][1].dtype]))
+
+
+def _odd_rows_now(mask: torch.Tensor, is_causal: bool, length: int, source: int) -> bool:
+    """_fused's run-time check, for a mask known now: a row the causal mask and this one
+    leave nowhere above -1e30, or NaN."""
+    allowed = mask.float().expand(*mask.shape[:-2], length, source)
+    if is_causal:
+        allowed = allowed.masked_fill(~torch.ones(length, source, dtype=torch.bool).tril(), float("-inf"))
+    return bool((~(allowed.amax(-1) >= -1e30)).any())
 
 
 def _written_out(g, q, k, v, is_causal, attn_mask, scale, lse_used):

@@ -8,7 +8,9 @@ import math
 import operator
 
 import torch
+import torch.fx
 from onnx import TensorProto
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._sympy.numbers import int_oo
@@ -192,3 +194,36 @@ def where(g: GraphBuilder, cond: str, a: str, b: str, dtype: torch.dtype) -> str
     if dtype != torch.bool:
         return g.op("Where", cond, a, b)
     return g.op("Or", g.op("And", cond, a), g.op("And", g.op("Not", cond), b))
+
+
+class _NotConstant(Exception):
+    pass
+
+
+def computed_now(node, max_nodes: int = 64, max_elements: int = 1 << 22) -> torch.Tensor | None:
+    """The value of an FX node computed from constants alone (no argument, weight, symbolic
+    size or random op: a static causal mask built from arange), by torch's own kernels now,
+    on the CPU; None where it is not such a value."""
+    values: dict = {}
+
+    def evaluate(n):
+        if n in values:
+            return values[n]
+        val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        if (
+            n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) or len(values) >= max_nodes
+            or torch.Tag.nondeterministic_seeded in n.target.tags or not isinstance(val, torch.Tensor)
+            or val.device.type != "cpu" or not is_static(val.shape) or val.numel() > max_elements
+        ):  # fmt: skip
+            raise _NotConstant
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), evaluate)
+        if any(isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)) for a in torch.utils._pytree.tree_leaves((args, kwargs))):
+            raise _NotConstant
+        values[n] = n.target(*args, **kwargs)
+        return values[n]
+
+    try:
+        with unset_fake_temporarily():
+            return evaluate(node) if isinstance(node, torch.fx.Node) else None
+    except _NotConstant:
+        return None
