@@ -540,11 +540,13 @@ class HeadsAttention(torch.nn.Module):
     rows (B, S, N*D) viewed into heads and transposed, attended, transposed back and merged.
     mask: None; "input" (a float mask argument); "causal" (GPT-2's: a static mask built from
     arange, 0 and -inf); "hole" (built so, and one query row sees no key: aten's zeros,
-    where the fused kernel differs); also_heads: the 4-D result is returned too."""
+    where the fused kernel differs); also_heads: the 4-D result is returned too; repeat_kv:
+    grouped heads copied as transformers' repeat_kv does; rotate: LLaMA's rotary on q and k."""
 
-    def __init__(self, heads=4, kv_heads=4, size=16, causal=False, mask=None, also_heads=False):
+    def __init__(self, heads=4, kv_heads=4, size=16, causal=False, mask=None, also_heads=False, repeat_kv=False, rotate=False):
         super().__init__()
         self.heads, self.kv_heads, self.size, self.causal, self.mask, self.also_heads = heads, kv_heads, size, causal, mask, also_heads
+        self.repeat_kv, self.rotate = repeat_kv, rotate
         self.q = torch.nn.Linear(32, heads * size)
         self.kv = torch.nn.Linear(32, 2 * kv_heads * size)
 
@@ -554,12 +556,22 @@ class HeadsAttention(torch.nn.Module):
         k, v = self.kv(y).split(self.kv_heads * self.size, dim=-1)
         k = k.view(b, t, self.kv_heads, self.size).transpose(1, 2)
         v = v.reshape(b, t, -1, self.size).transpose(1, 2)
+        if self.rotate:  # LLaMA's rotary embedding on the heads (its cos and sin: any)
+            half = self.size // 2
+            cos, sin = torch.linspace(0.5, 1, s * self.size).view(s, self.size).cos(), torch.linspace(0, 1, t * self.size).view(t, self.size).sin()
+            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), -1) * cos
+            k = k * sin + torch.cat((-k[..., half:], k[..., :half]), -1) * sin
+        if self.repeat_kv:  # transformers' repeat_kv: each kv head copied for its group
+            r = self.heads // self.kv_heads
+            k = k[:, :, None].expand(b, self.kv_heads, r, t, self.size).reshape(b, self.heads, t, self.size)
+            v = v[:, :, None].expand(b, self.kv_heads, r, t, self.size).reshape(b, self.heads, t, self.size)
         if self.mask in ("causal", "hole"):
             allowed = torch.arange(t)[None, :] <= torch.arange(s)[:, None]
             if self.mask == "hole":
                 allowed[s // 2] = False
             mask = torch.zeros(s, t).masked_fill(~allowed, float("-inf"))[None, None].expand(b, 1, s, t)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal, enable_gqa=self.heads != self.kv_heads)
+        gqa = k.shape[1] != self.heads
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal, enable_gqa=gqa)
         merged = out.transpose(1, 2).reshape(b, s, self.heads * self.size)
         return (merged, out) if self.also_heads else merged
 
@@ -575,6 +587,8 @@ TOKEN_ROW_CASES = {
     "static mask with a row that sees nothing": (HeadsAttention(mask="hole"), (2, 6, 6), False),
     "mask argument": (HeadsAttention(mask="input"), (2, 5, 7), False),
     "heads returned too": (HeadsAttention(also_heads=True), (2, 5, 5), False),
+    "repeat_kv, static causal mask": (HeadsAttention(heads=8, kv_heads=2, repeat_kv=True, mask="causal"), (2, 6, 6), True),
+    "rotary, repeat_kv": (HeadsAttention(heads=8, kv_heads=2, repeat_kv=True, rotate=True, causal=True), (2, 6, 6), False),
 }
 
 
@@ -582,7 +596,8 @@ TOKEN_ROW_CASES = {
 def test_attention_on_token_rows_loses_its_transposes(case):
     """Where q, k and v come from token rows and the result goes back to them, ONNX
     Runtime runs Attention's 3-D form: no Transpose is left. A static mask decides its row
-    check now: no If. Where the pattern does not hold, the 4-D form and its Transposes stay.
+    check now: no If; k and v copied per group (repeat_kv) are read uncopied. Where the
+    pattern does not hold, the 4-D form and its Transposes stay.
     Values as eager's, also with scores that saturate the softmax and that vanish."""
     module, (b, s, t), three_d = TOKEN_ROW_CASES[case]
     torch.manual_seed(0)
@@ -599,6 +614,8 @@ def test_attention_on_token_rows_loses_its_transposes(case):
             assert ops["Attention"] == 0 and ops["If"] == 0, ops  # the written-out ops, decided now
         else:
             assert ops["Transpose"] >= 2, ops
+        if module.repeat_kv:  # Attention groups the heads itself: no copies
+            assert ops["Expand"] == 0 and ops["Attention"] == 1, ops
         # (not NaN in q: aten's CPU kernel makes such a row 0 or NaN by the lengths, its blocks)
         for call in (args, (x * 40, *args[1:]), (x * 1e-30, *args[1:])):
             assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)

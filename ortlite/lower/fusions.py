@@ -185,18 +185,8 @@ def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     only_user = _only_user(graph)
     producer = {o: n for n in graph.node for o in n.output}
 
-    def passes(node) -> bool:
-        """An Identity, or a Reshape to the shape it has."""
-        if node.op_type == "Identity":
-            return True
-        return node.op_type == "Reshape" and all(v in known for v in (node.input[0], node.output[0])) and same_shape(known[node.input[0]][1], known[node.output[0]][1])
-
-    def made_by(value, op_type):
-        """The node making value, through nodes that pass it on, if it is of op_type."""
-        node = producer.get(value)
-        while node is not None and node.domain in ("", "ai.onnx") and passes(node):
-            node = producer.get(node.input[0])
-        return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+    passes = lambda node: _passes(node, known)  # noqa: E731
+    made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
 
     def read_by(value, op_type):
         """The only node reading value, through nodes that pass it on, if it is of op_type."""
@@ -248,6 +238,64 @@ def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     del graph.node[:]
     graph.node.extend(live_nodes(nodes, outputs))
     return len(rewritten)
+
+
+def attention_takes_grouped_heads(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
+    """Grouped-query attention as transformers spell it (repeat_kv): k and v of Hkv heads
+        kv (B, Hkv, S, D) -> Unsqueeze(2) -> Expand (B, Hkv, r, S, D) -> Reshape (B, Hkv*r, S, D)
+    before ONNX's Attention, which groups heads itself the same way (kv head j serves query
+    heads j*r .. j*r + r - 1): Attention reads k and v of Hkv heads, and the copies go.
+    Only where k and v both come so (Attention wants as many heads in each). Returns the
+    number of attentions rewritten."""
+    outputs = {o.name for o in graph.output}
+    producer = {o: n for n in graph.node for o in n.output}
+    axes = {t.name: numpy_helper.to_array(t).tolist() for t in graph.initializer if len(t.dims) == 1}
+
+    def kv_heads(value):
+        reshape = _made_by(producer, known, value, "Reshape")
+        expand = reshape and _made_by(producer, known, reshape.input[0], "Expand")
+        unsqueeze = expand and _made_by(producer, known, expand.input[0], "Unsqueeze")
+        if not unsqueeze or axes.get(unsqueeze.input[1] if len(unsqueeze.input) > 1 else "") != [2]:
+            return None
+        kv = unsqueeze.input[0]
+        if kv not in known or expand.output[0] not in known or reshape.output[0] not in known:
+            return None
+        (b, h, s, d), grown, repeated = known[kv][1], known[expand.output[0]][1], known[reshape.output[0]][1]
+        r = grown[2] if len(grown) == 5 else None
+        if type(h) is not int or type(r) is not int or not same_shape(grown, (b, h, r, s, d)) or not same_shape(repeated, (b, h * r, s, d)):
+            return None
+        return kv
+
+    count = 0
+    for node in graph.node:
+        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.input) < 3 or any(node.input[4:]):
+            continue
+        k, v = kv_heads(node.input[1]), kv_heads(node.input[2])
+        if k is None or v is None or known[k][1][1] != known[v][1][1]:
+            continue
+        node.input[1], node.input[2] = k, v
+        count += 1
+    if count:
+        nodes = live_nodes(list(graph.node), outputs)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return count
+
+
+def _passes(node, known) -> bool:
+    """An Identity, or a Reshape to the shape it has."""
+    if node.op_type == "Identity":
+        return True
+    ends = (node.input[0], node.output[0])
+    return node.op_type == "Reshape" and all(v in known for v in ends) and same_shape(known[ends[0]][1], known[ends[1]][1])
+
+
+def _made_by(producer: dict, known: dict, value: str, op_type: str):
+    """The node making value, through nodes that pass it on (_passes), if it is of op_type."""
+    node = producer.get(value)
+    while node is not None and node.domain in ("", "ai.onnx") and _passes(node, known):
+        node = producer.get(node.input[0])
+    return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
 
 
 def _splits_last(rows: tuple, heads: tuple, perm=(0, 1, 2, 3)) -> bool:
