@@ -541,7 +541,8 @@ class HeadsAttention(torch.nn.Module):
     mask: None; "input" (a float mask argument); "causal" (GPT-2's: a static mask built from
     arange, 0 and -inf); "hole" (built so, and one query row sees no key: aten's zeros,
     where the fused kernel differs); also_heads: the 4-D result is returned too; repeat_kv:
-    grouped heads copied as transformers' repeat_kv does; rotate: LLaMA's rotary on q and k."""
+    grouped heads copied as transformers' repeat_kv does; rotate: "llama", transformers'
+    rotary embedding on q and k; "other": its ops with cos and sin whose halves differ."""
 
     def __init__(self, heads=4, kv_heads=4, size=16, causal=False, mask=None, also_heads=False, repeat_kv=False, rotate=False):
         super().__init__()
@@ -556,11 +557,16 @@ class HeadsAttention(torch.nn.Module):
         k, v = self.kv(y).split(self.kv_heads * self.size, dim=-1)
         k = k.view(b, t, self.kv_heads, self.size).transpose(1, 2)
         v = v.reshape(b, t, -1, self.size).transpose(1, 2)
-        if self.rotate:  # LLaMA's rotary embedding on the heads (its cos and sin: any)
-            half = self.size // 2
+        half = self.size // 2
+        rotate_half = lambda x: torch.cat((-x[..., half:], x[..., :half]), -1)  # noqa: E731
+        if self.rotate == "llama":  # transformers' rotary embedding: cos and sin (1, S, D) of cat(freqs, freqs)
+            freqs = torch.arange(s, dtype=torch.float32)[:, None] * 10000.0 ** (-torch.arange(half) / half)
+            emb = torch.cat((freqs, freqs), -1)[None]
+            cos, sin = emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        elif self.rotate:  # the same ops, cos and sin whose halves differ
             cos, sin = torch.linspace(0.5, 1, s * self.size).view(s, self.size).cos(), torch.linspace(0, 1, t * self.size).view(t, self.size).sin()
-            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), -1) * cos
-            k = k * sin + torch.cat((-k[..., half:], k[..., :half]), -1) * sin
+            q, k = q * cos + rotate_half(q) * cos, k * sin + rotate_half(k) * sin
         if self.repeat_kv:  # transformers' repeat_kv: each kv head copied for its group
             r = self.heads // self.kv_heads
             k = k[:, :, None].expand(b, self.kv_heads, r, t, self.size).reshape(b, self.heads, t, self.size)
@@ -588,7 +594,9 @@ TOKEN_ROW_CASES = {
     "mask argument": (HeadsAttention(mask="input"), (2, 5, 7), False),
     "heads returned too": (HeadsAttention(also_heads=True), (2, 5, 5), False),
     "repeat_kv, static causal mask": (HeadsAttention(heads=8, kv_heads=2, repeat_kv=True, mask="causal"), (2, 6, 6), True),
-    "rotary, repeat_kv": (HeadsAttention(heads=8, kv_heads=2, repeat_kv=True, rotate=True, causal=True), (2, 6, 6), False),
+    "LLaMA's rotary, repeat_kv": (HeadsAttention(heads=8, kv_heads=2, repeat_kv=True, rotate="llama", causal=True), (2, 6, 6), True),
+    "LLaMA's rotary, one sequence": (HeadsAttention(heads=8, kv_heads=2, rotate="llama", causal=True), (1, 5, 5), True),
+    "rotary ops, other cos and sin": (HeadsAttention(heads=8, kv_heads=2, repeat_kv=True, rotate="other", causal=True), (2, 6, 6), False),
 }
 
 
@@ -616,18 +624,30 @@ def test_attention_on_token_rows_loses_its_transposes(case):
             assert ops["Transpose"] >= 2, ops
         if module.repeat_kv:  # Attention groups the heads itself: no copies
             assert ops["Expand"] == 0 and ops["Attention"] == 1, ops
+        # q's and k's rotary embedding: one kernel each where cos's and sin's halves are equal
+        assert ops["RotaryEmbedding"] == (2 if module.rotate == "llama" else 0), ops
         # (not NaN in q: aten's CPU kernel makes such a row 0 or NaN by the lengths, its blocks)
         for call in (args, (x * 40, *args[1:]), (x * 1e-30, *args[1:])):
             assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mask", [None, "causal"])
-def test_attention_on_token_rows_with_symbolic_sizes(mask, tmp_path):
+SYMBOLIC_TOKEN_ROW_CASES = {
+    # name: (module, head Transposes left)
+    "causal": (HeadsAttention(heads=8, kv_heads=2, causal=True), 0),
+    "mask built from the sizes": (HeadsAttention(heads=8, kv_heads=2, mask="causal"), 4),
+    "LLaMA's rotary, repeat_kv": (HeadsAttention(heads=8, kv_heads=2, causal=True, rotate="llama", repeat_kv=True), 0),
+}
+
+
+@pytest.mark.parametrize("case", list(SYMBOLIC_TOKEN_ROW_CASES))
+def test_attention_on_token_rows_with_symbolic_sizes(case, tmp_path):
     """torch.compile with symbolic batch and lengths, called in a loop where they change:
-    the 3-D form without a mask (the hidden sizes declared: ONNX Runtime's shape inference
-    takes unknown ones for 0); a causal mask built from symbolic sizes keeps its check."""
+    the 3-D form (the hidden sizes declared: ONNX Runtime's shape inference takes unknown
+    ones for 0), the rotary kernel's caches grown to the batch per call; a causal mask
+    built from symbolic sizes keeps its check and the 4-D form."""
     torch._dynamo.reset()
-    module = HeadsAttention(heads=8, kv_heads=2, causal=mask is None, mask=mask).eval()
+    module, transposes = SYMBOLIC_TOKEN_ROW_CASES[case]
+    module.eval()
     backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
     f = torch.compile(module, backend=backend, dynamic=True)
     with torch.no_grad():
@@ -638,4 +658,5 @@ def test_attention_on_token_rows_with_symbolic_sizes(mask, tmp_path):
     (path,) = tmp_path.glob("*.onnx")
     graph = onnx.load(path).graph
     head_transposes = [n for n in graph.node if n.op_type == "Transpose" and list(n.attribute[0].ints) == [0, 2, 1, 3]]
-    assert len(head_transposes) == (0 if mask is None else 4), _ops_with_subgraphs(graph)
+    assert len(head_transposes) == transposes, _ops_with_subgraphs(graph)
+    assert ("RotaryEmbedding" in _ops_with_subgraphs(graph)) == (module.rotate == "llama")

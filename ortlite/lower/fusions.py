@@ -185,16 +185,9 @@ def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     only_user = _only_user(graph)
     producer = {o: n for n in graph.node for o in n.output}
 
-    passes = lambda node: _passes(node, known)  # noqa: E731
     made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
 
-    def read_by(value, op_type):
-        """The only node reading value, through nodes that pass it on, if it is of op_type."""
-        node = only_user(value, "Identity") or only_user(value, "Reshape")
-        while node is not None and passes(node):
-            value = node.output[0]
-            node = only_user(value, "Identity") or only_user(value, "Reshape")
-        return only_user(value, op_type)
+    read_by = lambda value, op_type: _read_by(only_user, known, value, op_type)[0]  # noqa: E731
 
     def perm(node) -> list | None:
         return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
@@ -240,6 +233,22 @@ def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     return len(rewritten)
 
 
+def whole_slices_to_identity(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
+    """A Slice whose result has its input's shape (the same expressions) in unit steps takes
+    all of it: an Identity (the patterns above look through those). With symbolic sizes
+    Dynamo keeps such slices (x[:, :, None]), and ONNX Runtime cannot tell they are whole."""
+    units = {t.name for t in graph.initializer if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and np.all(numpy_helper.to_array(t) == 1)}
+    count = 0
+    for i, node in enumerate(graph.node):
+        if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or (len(node.input) > 4 and node.input[4] and node.input[4] not in units):
+            continue
+        x, out = node.input[0], node.output[0]
+        if x in known and out in known and same_shape(known[x][1], known[out][1]):
+            graph.node[i].CopyFrom(helper.make_node("Identity", [x], [out], name=node.name))
+            count += 1
+    return count
+
+
 def attention_takes_grouped_heads(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     """Grouped-query attention as transformers spell it (repeat_kv): k and v of Hkv heads
         kv (B, Hkv, S, D) -> Unsqueeze(2) -> Expand (B, Hkv, r, S, D) -> Reshape (B, Hkv*r, S, D)
@@ -282,12 +291,191 @@ def attention_takes_grouped_heads(graph: onnx.GraphProto, known: dict[str, tuple
     return count
 
 
+def rotary_before_attention(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
+    """Rotary position embedding as transformers spell it (LLaMA's apply_rotary_pos_emb and
+    rotate_half) on float32 heads t (B, N, S, D), in a graph with ONNX's Attention (so a
+    float32 CPU inference graph of opset 23), with cos and sin (B or 1, S, D) unsqueezed at 1:
+        t * cos + Concat(-t[..., D/2:], t[..., :D/2]) * sin
+    becomes ONNX RotaryEmbedding, whose caches are cos's and sin's first halves (B, S, D/2).
+    That is the same arithmetic only where the second halves equal the first: cos and sin
+    must each be computed elementwise from Concat(f, f) on the last axis (transformers'
+    emb = cat(freqs, freqs)), checked on the graph. Where t is token rows viewed into heads
+    (see attention_on_token_rows), the 3-D form on the rows, then viewed into heads again
+    (for Attention's 3-D form to take the rows); else the 4-D form on t. Returns the count."""
+    outputs = {o.name for o in graph.output}
+    only_user = _only_user(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer if np.prod(t.dims) <= 4}
+    made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
+    names = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    added: list = []  # the cache nodes made for the rotary embedding being rewritten
+
+    def fresh(base):
+        name, i = base, 0
+        while name in names:
+            i += 1
+            name = f"{base}_{i}"
+        names.add(name)
+        return name
+
+    def constant(values) -> str:
+        name = fresh("ortlite_rotary_const")
+        graph.initializer.append(numpy_helper.from_array(np.array(values, dtype=np.int64), name))
+        return name
+
+    def scalar(name) -> bool:
+        return name in constants and constants[name].size == 1
+
+    def same_last(node) -> bool:
+        """node keeps each last-axis row whole (a view that keeps the last size)."""
+        ends = [known.get(v, (None, ()))[1] for v in (node.input[0], node.output[0])]
+        return all(ends) and type(ends[0][-1]) is int and ends[0][-1] == ends[1][-1]
+
+    def doubled(value) -> bool:
+        """value is computed elementwise (Cos, Sin, Cast, a scalar's Mul or Div; views that
+        keep last-axis rows whole) from Concat(f, f) on its last axis: its halves are equal."""
+        node = producer.get(value)
+        while node is not None:
+            if node.op_type in ("Cos", "Sin", "Cast", "Identity") or (node.op_type in ("Unsqueeze", "Reshape", "Expand") and same_last(node)):
+                node = producer.get(node.input[0])
+            elif node.op_type in ("Mul", "Div") and scalar(node.input[1]):
+                node = producer.get(node.input[0])
+            elif node.op_type == "Mul" and scalar(node.input[0]):
+                node = producer.get(node.input[1])
+            else:
+                break
+        if node is None or node.op_type != "Concat" or len(node.input) != 2 or node.input[0] != node.input[1]:
+            return False
+        axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+        rank = len(known[node.output[0]][1]) if node.output[0] in known else None
+        return rank is not None and axis in (-1, rank - 1)
+
+    def slice_of(node, t, begin, end, d) -> bool:
+        if node is None or node.op_type != "Slice" or node.input[0] != t or len(node.input) < 4 or any(node.input[5:]):
+            return False
+        if len(node.input) == 5 and node.input[4] and constants.get(node.input[4], np.array([0])).tolist() != [1]:
+            return False
+        got = [constants.get(i, np.array([None])).tolist() for i in node.input[1:4]]
+        return got[0] == [begin] and got[2] in ([3], [-1]) and (got[1] == [end] or (end == d and got[1][0] is not None and got[1][0] >= d))
+
+    def unsqueezed(value):
+        """(Bc, S, D) x where value is Unsqueeze(x, [1]), else None."""
+        node = made_by(value, "Unsqueeze")
+        if node is None or len(node.input) < 2 or constants.get(node.input[1], np.array([])).tolist() != [1]:
+            return None
+        return node.input[0] if node.input[0] in known and len(known[node.input[0]][1]) == 3 else None
+
+    def match(add):
+        """(t, cos, sin) of a rotary embedding ending in add, else None."""
+        if len(add.input) != 2:
+            return None
+        products = [producer.get(i) for i in add.input]
+        if any(p is None or p.op_type != "Mul" or p.domain not in ("", "ai.onnx") for p in products):
+            return None
+        for direct, rotated in (products, products[::-1]):
+            for t, cos_u in (direct.input, direct.input[::-1]):
+                if t not in known or len(known[t][1]) != 4 or known[t][0] != torch.float32:
+                    continue
+                b, n, s, d = known[t][1]
+                if type(d) is not int or d % 2:
+                    continue
+                for c, sin_u in (rotated.input, rotated.input[::-1]):
+                    concat = producer.get(c)
+                    if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:
+                        continue
+                    if next((a.i for a in concat.attribute if a.name == "axis"), None) not in (3, -1):
+                        continue
+                    neg = producer.get(concat.input[0])
+                    if neg is None or neg.op_type != "Neg" or not slice_of(producer.get(neg.input[0]), t, d // 2, d, d):
+                        continue
+                    if not slice_of(producer.get(concat.input[1]), t, 0, d // 2, d):
+                        continue
+                    cos, sin = unsqueezed(cos_u), unsqueezed(sin_u)
+                    if cos is None or sin is None or not (doubled(cos) and doubled(sin)):
+                        continue
+                    for x in (cos, sin):
+                        bc, sc, dc = known[x][1]
+                        if known[x][0] != torch.float32 or dc != d or not same_shape((sc,), (s,)):
+                            break
+                        if not same_shape((bc,), (b,)) and bc != 1:
+                            break
+                    else:
+                        return t, cos, sin
+        return None
+
+    halves: dict = {}
+
+    def half(x, batch, rows):
+        """x's first half on its last axis, (batch, S, D/2): the kernel's cache."""
+        key = (x, str(batch))
+        if key not in halves:
+            d = known[x][1][2]
+            out = fresh(x + "_half")
+            added.append(helper.make_node("Slice", [x, constant([0]), constant([d // 2]), constant([-1])], [out]))
+            if not same_shape((known[x][1][0],), (batch,)):  # one cos for the batch
+                wide = fresh(x + "_half_batch")
+                if type(batch) is int:
+                    shape = constant([batch, 1, 1])
+                else:
+                    first = fresh(x + "_batch")
+                    added.append(helper.make_node("Shape", [rows], [first], start=0, end=1))
+                    shape = fresh(x + "_batch_shape")
+                    added.append(helper.make_node("Concat", [first, constant([1, 1])], [shape], axis=0))
+                added.append(helper.make_node("Expand", [out, shape], [wide]))
+                out = wide
+            halves[key] = out
+        return halves[key]
+
+    if not any(n.op_type == "Attention" and n.domain in ("", "ai.onnx") for n in graph.node):
+        return 0
+    replaced = {}
+    for add in graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+            continue
+        found = match(add)
+        if found is None:
+            continue
+        t, cos, sin = found
+        b, n, s, d = known[t][1]
+        transpose = made_by(t, "Transpose")
+        reshape = transpose and list(transpose.attribute[0].ints) == HEADS_PERM and made_by(transpose.input[0], "Reshape")
+        rows = reshape and reshape.input[0] if reshape and reshape.input[0] in known and reshape.output[0] in known else None
+        if rows is not None and _splits_last(known[rows][1], known[reshape.output[0]][1]):
+            rotated, heads = fresh(add.output[0] + "_rows"), fresh(add.output[0] + "_heads")
+            nodes = [
+                helper.make_node("RotaryEmbedding", [rows, half(cos, b, rows), half(sin, b, rows)], [rotated], name=add.name, num_heads=n),
+                helper.make_node("Reshape", [rotated, constant([0, 0, n, d])], [heads]),
+                helper.make_node("Transpose", [heads], [add.output[0]], perm=HEADS_PERM),
+            ]  # fmt: skip
+            known[rotated], known[heads] = (torch.float32, known[rows][1]), (torch.float32, (b, s, n, d))
+        else:
+            nodes = [helper.make_node("RotaryEmbedding", [t, half(cos, b, t), half(sin, b, t)], [add.output[0]], name=add.name)]
+        replaced[id(add)] = added + nodes  # (the caches first made here: before their first use)
+        added = []
+    if not replaced:
+        return 0
+    nodes = [m for n in graph.node for m in replaced.get(id(n), [n])]
+    del graph.node[:]
+    graph.node.extend(live_nodes(nodes, outputs))
+    return len(replaced)
+
+
 def _passes(node, known) -> bool:
     """An Identity, or a Reshape to the shape it has."""
     if node.op_type == "Identity":
         return True
     ends = (node.input[0], node.output[0])
     return node.op_type == "Reshape" and all(v in known for v in ends) and same_shape(known[ends[0]][1], known[ends[1]][1])
+
+
+def _read_by(only_user, known: dict, value: str, op_type: str):
+    """(the only node reading value, through nodes that pass it on, if it is of op_type;
+    the value it reads)."""
+    node = only_user(value, "Identity") or only_user(value, "Reshape")
+    while node is not None and _passes(node, known):
+        value = node.output[0]
+        node = only_user(value, "Identity") or only_user(value, "Reshape")
+    return only_user(value, op_type), value
 
 
 def _made_by(producer: dict, known: dict, value: str, op_type: str):
