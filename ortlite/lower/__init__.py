@@ -14,14 +14,7 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
-from .fusions import (
-    attention_on_token_rows,
-    attention_takes_grouped_heads,
-    fold_flattening_reshapes,
-    fuse_rms_norm,
-    rotary_before_attention,
-    whole_slices_to_identity,
-)
+from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
 from .ops.common import declared_ranges
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
@@ -195,10 +188,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
-    whole_slices_to_identity(model.graph, known)
-    attention_takes_grouped_heads(model.graph, known)
-    rotary_before_attention(model.graph, known)
-    attention_on_token_rows(model.graph, known)
+    attention_fusions(model.graph, known)
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     prelude = None

@@ -171,71 +171,19 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
 HEADS_PERM = [0, 2, 1, 3]  # (B, S, N, D) <-> (B, N, S, D)
 
 
-def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
-    """Multi-head attention as models spell it around ONNX's Attention (4-D: heads first):
-        x (B, S, N*D) -> Reshape (B, S, N, D) -> Transpose -> q, k or v
-        Attention -> Transpose -> Reshape (B, S, N*Dv)
-    (Identities, or Reshapes to the same shape, between any two) becomes Attention's 3-D form (q_num_heads, kv_num_heads),
-    which reads each head in place from the token rows and writes it so: the four Transposes
-    (copies) of every attention go; the same kernel, the same arithmetic. Only in the main
-    graph, where q, k and v all come so and the output only goes so (each value on the way
-    read by the next alone), no past key or value. known: as for fuse_rms_norm. Returns
-    the number rewritten."""
-    outputs = {o.name for o in graph.output}
-    only_user = _only_user(graph)
-    producer = {o: n for n in graph.node for o in n.output}
-
-    made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
-
-    read_by = lambda value, op_type: _read_by(only_user, known, value, op_type)[0]  # noqa: E731
-
-    def perm(node) -> list | None:
-        return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-
-    def token_rows(value):
-        """x where value is x -> Reshape (B, S, N, D) -> Transpose(0, 2, 1, 3), else None."""
-        transpose = made_by(value, "Transpose")
-        reshape = transpose and perm(transpose) == HEADS_PERM and made_by(transpose.input[0], "Reshape")
-        if not reshape or reshape.input[0] not in known or reshape.output[0] not in known:
-            return None
-        return reshape.input[0] if _splits_last(known[reshape.input[0]][1], known[reshape.output[0]][1]) else None
-
-    rewritten, removed = {}, set()
-    for node in graph.node:
-        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
-            continue
-        if len(node.output) != 1 or any(node.input[4:]) or len(node.input) < 3:
-            continue
-        rows = [token_rows(v) for v in node.input[:3]]
-        back = read_by(node.output[0], "Transpose")
-        merge = back and perm(back) == HEADS_PERM and read_by(back.output[0], "Reshape")
-        if None in rows or not merge or node.output[0] not in known or merge.output[0] not in known:
-            continue
-        if not _splits_last(known[merge.output[0]][1], known[node.output[0]][1], HEADS_PERM):
-            continue
-        heads_of = lambda v: known[v][1][1]  # noqa: E731  (4-D q, k: (B, N, S, D))
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        rewritten[id(node)] = helper.make_node(
-            "Attention", [*rows, *node.input[3:]], [merge.output[0]], name=node.name,
-            q_num_heads=heads_of(node.input[0]), kv_num_heads=heads_of(node.input[1]), **attrs,
-        )  # fmt: skip
-        removed.add(id(merge))  # (the nodes between are left unread)
-        # ONNX Runtime's shape inference takes an unknown hidden size for 0, and then
-        # rejects the output: the token rows' shapes, declared
-        for x in rows:
-            dtype, shape = known[x]
-            graph.value_info.append(helper.make_tensor_value_info(x, TORCH_TO_ONNX[dtype], [onnx_dim(d) for d in shape]))
-    if not rewritten:
-        return 0
-    nodes = [rewritten.get(id(n), n) for n in graph.node if id(n) not in removed]
-    del graph.node[:]
-    graph.node.extend(live_nodes(nodes, outputs))
-    return len(rewritten)
+def attention_fusions(graph: onnx.GraphProto, known: dict[str, tuple]) -> None:
+    """The rewrites around ONNX's Attention, in this order: each one's result is what the
+    next one looks for (whole slices vanish from grouped heads' copies; k read uncopied is
+    a rotary embedding's result; rotary on token rows leaves heads the 3-D form takes)."""
+    whole_slices_to_identity(graph, known)
+    attention_takes_grouped_heads(graph, known)
+    rotary_before_attention(graph, known)
+    attention_on_token_rows(graph, known)
 
 
 def whole_slices_to_identity(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     """A Slice whose result has its input's shape (the same expressions) in unit steps takes
-    all of it: an Identity (the patterns above look through those). With symbolic sizes
+    all of it: an Identity (the attention patterns look through those). With symbolic sizes
     Dynamo keeps such slices (x[:, :, None]), and ONNX Runtime cannot tell they are whole."""
     units = {t.name for t in graph.initializer if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and np.all(numpy_helper.to_array(t) == 1)}
     count = 0
@@ -303,7 +251,6 @@ def rotary_before_attention(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     (see attention_on_token_rows), the 3-D form on the rows, then viewed into heads again
     (for Attention's 3-D form to take the rows); else the 4-D form on t. Returns the count."""
     outputs = {o.name for o in graph.output}
-    only_user = _only_user(graph)
     producer = {o: n for n in graph.node for o in n.output}
     constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer if np.prod(t.dims) <= 4}
     made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
@@ -458,6 +405,67 @@ def rotary_before_attention(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     del graph.node[:]
     graph.node.extend(live_nodes(nodes, outputs))
     return len(replaced)
+
+
+def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
+    """Multi-head attention as models spell it around ONNX's Attention (4-D: heads first):
+        x (B, S, N*D) -> Reshape (B, S, N, D) -> Transpose -> q, k or v
+        Attention -> Transpose -> Reshape (B, S, N*Dv)
+    (Identities, or Reshapes to the same shape, between any two) becomes Attention's 3-D
+    form (q_num_heads, kv_num_heads), which reads each head in place from the token rows and
+    writes it so: the four Transposes (copies) of every attention go, where nothing else
+    reads their values; the same kernel, the same arithmetic. Only in the main graph, where
+    q, k and v all come so and the output only goes so (each value on its way read by the
+    next alone), no past key or value. known: as for fuse_rms_norm. Returns the count."""
+    outputs = {o.name for o in graph.output}
+    only_user = _only_user(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+
+    made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
+    read_by = lambda value, op_type: _read_by(only_user, known, value, op_type)[0]  # noqa: E731
+
+    def perm(node) -> list | None:
+        return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+    def token_rows(value):
+        """x where value is x -> Reshape (B, S, N, D) -> Transpose(0, 2, 1, 3), else None."""
+        transpose = made_by(value, "Transpose")
+        reshape = transpose and perm(transpose) == HEADS_PERM and made_by(transpose.input[0], "Reshape")
+        if not reshape or reshape.input[0] not in known or reshape.output[0] not in known:
+            return None
+        return reshape.input[0] if _splits_last(known[reshape.input[0]][1], known[reshape.output[0]][1]) else None
+
+    rewritten, removed = {}, set()
+    for node in graph.node:
+        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.output) != 1 or any(node.input[4:]) or len(node.input) < 3:
+            continue
+        rows = [token_rows(v) for v in node.input[:3]]
+        back = read_by(node.output[0], "Transpose")
+        merge = back and perm(back) == HEADS_PERM and read_by(back.output[0], "Reshape")
+        if None in rows or not merge or node.output[0] not in known or merge.output[0] not in known:
+            continue
+        if not _splits_last(known[merge.output[0]][1], known[node.output[0]][1], HEADS_PERM):
+            continue
+        heads_of = lambda v: known[v][1][1]  # noqa: E731  (4-D q, k: (B, N, S, D))
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        rewritten[id(node)] = helper.make_node(
+            "Attention", [*rows, *node.input[3:]], [merge.output[0]], name=node.name,
+            q_num_heads=heads_of(node.input[0]), kv_num_heads=heads_of(node.input[1]), **attrs,
+        )  # fmt: skip
+        removed.add(id(merge))  # (the nodes between are left unread)
+        # ONNX Runtime's shape inference takes an unknown hidden size for 0, and then
+        # rejects the output: the token rows' shapes, declared
+        for x in rows:
+            dtype, shape = known[x]
+            graph.value_info.append(helper.make_tensor_value_info(x, TORCH_TO_ONNX[dtype], [onnx_dim(d) for d in shape]))
+    if not rewritten:
+        return 0
+    nodes = [rewritten.get(id(n), n) for n in graph.node if id(n) not in removed]
+    del graph.node[:]
+    graph.node.extend(live_nodes(nodes, outputs))
+    return len(rewritten)
 
 
 def _passes(node, known) -> bool:
