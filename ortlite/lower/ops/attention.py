@@ -2,7 +2,8 @@
 float32, inference graphs get ONNX's fused Attention (opset 23); the rest, and rows that
 kernel treats otherwise than aten, are written out in ONNX ops: MatMul, Softmax, masks.
 Kept whole: the core decomposition of the forward gives training gradients that differ
-from eager (see decomp.py)."""
+from eager (see decomp.py). The heads' views, copies and rotary embedding around the fused
+kernel are rewritten on the lowered graph (fusions.attention_fusions)."""
 
 from __future__ import annotations
 
