@@ -257,13 +257,7 @@ def rotary_before_attention(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     names = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input}
     added: list = []  # the cache nodes made for the rotary embedding being rewritten
 
-    def fresh(base):
-        name, i = base, 0
-        while name in names:
-            i += 1
-            name = f"{base}_{i}"
-        names.add(name)
-        return name
+    fresh = lambda base: fresh_name(base, names)  # noqa: E731
 
     def constant(values) -> str:
         name = fresh("ortlite_rotary_const")
@@ -500,6 +494,16 @@ def _splits_last(rows: tuple, heads: tuple, perm=(0, 1, 2, 3)) -> bool:
         return False
     b, s, n, d = (heads[p] for p in perm)
     return type(n) is int and type(d) is int and type(rows[2]) is int and rows[2] == n * d and same_shape(rows[:2], (b, s))
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """base, or base_<k> with the first k not taken; then taken."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
 
 
 def live_nodes(nodes: list, outputs: set) -> list:

@@ -29,7 +29,7 @@ import torch
 from onnx import helper
 
 from .builder import IR_VERSION, ONNX_TO_TORCH
-from .fusions import live_nodes
+from .fusions import fresh_name, live_nodes
 
 VALUE, SHAPE, WEIGHT = "value", "shape", "weight"
 # weights the runner can feed the prelude (as numpy arrays; CPU weights alone)
@@ -64,21 +64,12 @@ def _shape_of_input(node: onnx.NodeProto, tensor_inputs: set[str]) -> bool:
     return node.op_type == "Shape" and node.domain in ("", "ai.onnx") and node.input[0] in tensor_inputs
 
 
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
-
-
 def _from_shape_input(node: onnx.NodeProto, shape_input: str, taken: set[str]) -> list[onnx.NodeProto]:
     """In the prelude, Shape(x, start, end) reads x's shape from an input of the prelude."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if not attrs:
         return [helper.make_node("Identity", [shape_input], list(node.output))]
-    bounds = [_fresh(f"{node.output[0]}_start", taken), _fresh(f"{node.output[0]}_end", taken)]
+    bounds = [fresh_name(f"{node.output[0]}_start", taken), fresh_name(f"{node.output[0]}_end", taken)]
     values = [attrs.get("start", 0), attrs.get("end", 2**63 - 1)]
     return [
         *(helper.make_node("Constant", [], [b], value=helper.make_tensor(b, onnx.TensorProto.INT64, [1], [v])) for b, v in zip(bounds, values)),
@@ -147,7 +138,7 @@ def split_size_constants(model: onnx.ModelProto, int_inputs: list[str], tensor_i
         if _shape_of_input(node, shape_readable):
             x = node.input[0]
             if x not in shape_inputs:
-                shape_inputs[x] = _fresh(f"{x}_shape", taken)
+                shape_inputs[x] = fresh_name(f"{x}_shape", taken)
                 prelude_inputs.append((x, SHAPE))
                 value_infos.append(helper.make_tensor_value_info(shape_inputs[x], onnx.TensorProto.INT64, [ranks[x]]))
             nodes[k] = _from_shape_input(node, shape_inputs[x], taken)
