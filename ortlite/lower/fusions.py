@@ -215,7 +215,7 @@ def attention_takes_grouped_heads(graph: onnx.GraphProto, known: dict[str, tuple
         if not unsqueeze or axes.get(unsqueeze.input[1] if len(unsqueeze.input) > 1 else "") != [2]:
             return None
         kv = unsqueeze.input[0]
-        if kv not in known or expand.output[0] not in known or reshape.output[0] not in known:
+        if kv not in known or len(known[kv][1]) != 4 or expand.output[0] not in known or reshape.output[0] not in known:
             return None
         (b, h, s, d), grown, repeated = known[kv][1], known[expand.output[0]][1], known[reshape.output[0]][1]
         r = grown[2] if len(grown) == 5 else None

@@ -219,7 +219,10 @@ def computed_now(node, max_nodes: int = 64, max_elements: int = 1 << 22) -> torc
         args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), evaluate)
         if any(isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)) for a in torch.utils._pytree.tree_leaves((args, kwargs))):
             raise _NotConstant
-        values[n] = n.target(*args, **kwargs)
+        try:
+            values[n] = n.target(*args, **kwargs)
+        except Exception as e:  # (what torch refuses now is left to run time)
+            raise _NotConstant from e
         return values[n]
 
     try:
