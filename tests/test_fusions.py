@@ -631,6 +631,28 @@ def test_attention_on_token_rows_loses_its_transposes(case):
             assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("heads", ["same", "grouped", "repeat_kv"])
+@pytest.mark.parametrize("rotate", [None, "llama", "other"])
+def test_attention_rewrites_sweep(heads, rotate):
+    """Every combination of the spellings the attention rewrites look for (grouped heads
+    three ways, rotary embeddings with equal and unequal halves, causal flag or static or
+    argument mask, the heads also returned) gives eager's values, whichever rewrites apply;
+    batch 1 and 3."""
+    kv_heads = 4 if heads == "same" else 2
+    for causal, mask, also_heads in [(False, None, False), (True, None, False), (False, "causal", False), (False, "input", False), (True, None, True)]:
+        module = HeadsAttention(
+            heads=4, kv_heads=kv_heads, causal=causal, mask=mask, also_heads=also_heads, repeat_kv=heads == "repeat_kv", rotate=rotate
+        ).eval()  # fmt: skip
+        for b in (1, 3):
+            torch.manual_seed(b)
+            x, y = torch.randn(b, 6, 32), torch.randn(b, 6, 32)
+            args = (x, y) if mask != "input" else (x, y, torch.randn(b, 1, 6, 6))
+            with torch.no_grad():
+                compiled = ortlite.compile(module, args)
+                for call in (args, (x * 30, *args[1:])):
+                    assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
+
+
 SYMBOLIC_TOKEN_ROW_CASES = {
     # name: (module, head Transposes left)
     "causal": (HeadsAttention(heads=8, kv_heads=2, causal=True), 0),
