@@ -185,7 +185,7 @@ def whole_slices_to_identity(graph: onnx.GraphProto, known: dict[str, tuple]) ->
     """A Slice whose result has its input's shape (the same expressions) in unit steps takes
     all of it: an Identity (the attention patterns look through those). With symbolic sizes
     Dynamo keeps such slices (x[:, :, None]), and ONNX Runtime cannot tell they are whole."""
-    units = {t.name for t in graph.initializer if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and np.all(numpy_helper.to_array(t) == 1)}
+    units = {name for name, a in _small_constants(graph).items() if a.dtype.kind == "i" and np.all(a == 1)}
     count = 0
     for i, node in enumerate(graph.node):
         if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or (len(node.input) > 4 and node.input[4] and node.input[4] not in units):
@@ -206,13 +206,13 @@ def attention_takes_grouped_heads(graph: onnx.GraphProto, known: dict[str, tuple
     number of attentions rewritten."""
     outputs = {o.name for o in graph.output}
     producer = {o: n for n in graph.node for o in n.output}
-    axes = {t.name: numpy_helper.to_array(t).tolist() for t in graph.initializer if len(t.dims) == 1}
+    constants = _small_constants(graph)
 
     def kv_heads(value):
         reshape = _made_by(producer, known, value, "Reshape")
         expand = reshape and _made_by(producer, known, reshape.input[0], "Expand")
         unsqueeze = expand and _made_by(producer, known, expand.input[0], "Unsqueeze")
-        if not unsqueeze or axes.get(unsqueeze.input[1] if len(unsqueeze.input) > 1 else "") != [2]:
+        if not unsqueeze or len(unsqueeze.input) < 2 or constants.get(unsqueeze.input[1], np.array([])).tolist() != [2]:
             return None
         kv = unsqueeze.input[0]
         if kv not in known or len(known[kv][1]) != 4 or expand.output[0] not in known or reshape.output[0] not in known:
@@ -252,7 +252,7 @@ def rotary_before_attention(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     (for Attention's 3-D form to take the rows); else the 4-D form on t. Returns the count."""
     outputs = {o.name for o in graph.output}
     producer = {o: n for n in graph.node for o in n.output}
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer if np.prod(t.dims) <= 4}
+    constants = _small_constants(graph)
     made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
     names = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input}
     added: list = []  # the cache nodes made for the rotary embedding being rewritten
@@ -378,10 +378,8 @@ def rotary_before_attention(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
             continue
         t, cos, sin = found
         b, n, s, d = known[t][1]
-        transpose = made_by(t, "Transpose")
-        reshape = transpose and list(transpose.attribute[0].ints) == HEADS_PERM and made_by(transpose.input[0], "Reshape")
-        rows = reshape and reshape.input[0] if reshape and reshape.input[0] in known and reshape.output[0] in known else None
-        if rows is not None and _splits_last(known[rows][1], known[reshape.output[0]][1]):
+        rows = _token_rows(producer, known, t)
+        if rows is not None:
             rotated, heads = fresh(add.output[0] + "_rows"), fresh(add.output[0] + "_heads")
             nodes = [
                 helper.make_node("RotaryEmbedding", [rows, half(cos, b, rows), half(sin, b, rows)], [rotated], name=add.name, num_heads=n),
@@ -414,20 +412,8 @@ def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     outputs = {o.name for o in graph.output}
     only_user = _only_user(graph)
     producer = {o: n for n in graph.node for o in n.output}
-
-    made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
     read_by = lambda value, op_type: _read_by(only_user, known, value, op_type)[0]  # noqa: E731
-
-    def perm(node) -> list | None:
-        return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-
-    def token_rows(value):
-        """x where value is x -> Reshape (B, S, N, D) -> Transpose(0, 2, 1, 3), else None."""
-        transpose = made_by(value, "Transpose")
-        reshape = transpose and perm(transpose) == HEADS_PERM and made_by(transpose.input[0], "Reshape")
-        if not reshape or reshape.input[0] not in known or reshape.output[0] not in known:
-            return None
-        return reshape.input[0] if _splits_last(known[reshape.input[0]][1], known[reshape.output[0]][1]) else None
+    token_rows = lambda value: _token_rows(producer, known, value)  # noqa: E731
 
     rewritten, removed = {}, set()
     for node in graph.node:
@@ -437,7 +423,7 @@ def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
             continue
         rows = [token_rows(v) for v in node.input[:3]]
         back = read_by(node.output[0], "Transpose")
-        merge = back and perm(back) == HEADS_PERM and read_by(back.output[0], "Reshape")
+        merge = back and _perm(back) == HEADS_PERM and read_by(back.output[0], "Reshape")
         if None in rows or not merge or node.output[0] not in known or merge.output[0] not in known:
             continue
         if not _splits_last(known[merge.output[0]][1], known[node.output[0]][1], HEADS_PERM):
@@ -486,6 +472,26 @@ def _made_by(producer: dict, known: dict, value: str, op_type: str):
     while node is not None and node.domain in ("", "ai.onnx") and _passes(node, known):
         node = producer.get(node.input[0])
     return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+
+
+def _perm(node) -> list | None:
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
+def _token_rows(producer: dict, known: dict, value: str) -> str | None:
+    """x where value is x (B, S, N*D) -> Reshape (B, S, N, D) -> Transpose(0, 2, 1, 3)
+    (through nodes that pass values on), else None."""
+    transpose = _made_by(producer, known, value, "Transpose")
+    reshape = transpose and _perm(transpose) == HEADS_PERM and _made_by(producer, known, transpose.input[0], "Reshape")
+    if not reshape or reshape.input[0] not in known or reshape.output[0] not in known:
+        return None
+    return reshape.input[0] if _splits_last(known[reshape.input[0]][1], known[reshape.output[0]][1]) else None
+
+
+def _small_constants(graph: onnx.GraphProto, most: int = 8) -> dict:
+    """name -> array of the initializers of at most `most` elements (attribute-like inputs:
+    axes, starts, steps, scalars), without converting the weights."""
+    return {t.name: numpy_helper.to_array(t) for t in graph.initializer if np.prod(t.dims) <= most}
 
 
 def _splits_last(rows: tuple, heads: tuple, perm=(0, 1, 2, 3)) -> bool:
