@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import ortlite
+from ortlite.lower import fusions
 
 from conftest import assert_same
 
@@ -540,7 +541,8 @@ class HeadsAttention(torch.nn.Module):
     rows (B, S, N*D) viewed into heads and transposed, attended, transposed back and merged.
     mask: None; "input" (a float mask argument); "causal" (GPT-2's: a static mask built from
     arange, 0 and -inf); "hole" (built so, and one query row sees no key: aten's zeros,
-    where the fused kernel differs); also_heads: the 4-D result is returned too; repeat_kv:
+    where the fused kernel differs); a function allowed(b, s, t) -> bool (its keys, built
+    so); also_heads: the 4-D result is returned too; repeat_kv:
     grouped heads copied as transformers' repeat_kv does; rotate: "llama", transformers'
     rotary embedding on q and k; "other": its ops with cos and sin whose halves differ."""
 
@@ -576,6 +578,9 @@ class HeadsAttention(torch.nn.Module):
             if self.mask == "hole":
                 allowed[s // 2] = False
             mask = torch.zeros(s, t).masked_fill(~allowed, float("-inf"))[None, None].expand(b, 1, s, t)
+        elif callable(self.mask):  # a static mask built from the sizes: allowed(b, s, t), bool
+            allowed = self.mask(b, s, t)
+            mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
         gqa = k.shape[1] != self.heads
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal, enable_gqa=gqa)
         merged = out.transpose(1, 2).reshape(b, s, self.heads * self.size)
@@ -682,3 +687,90 @@ def test_attention_on_token_rows_with_symbolic_sizes(case, tmp_path):
     head_transposes = [n for n in graph.node if n.op_type == "Transpose" and list(n.attribute[0].ints) == [0, 2, 1, 3]]
     assert len(head_transposes) == transposes, _ops_with_subgraphs(graph)
     assert ("RotaryEmbedding" in _ops_with_subgraphs(graph)) == (module.rotate == "llama")
+
+
+def _window(width):
+    """allowed(b, s, t): query i sees keys i - width < j <= i (a sliding window)."""
+    return lambda b, s, t: (torch.arange(t)[None, :] <= torch.arange(s)[:, None]) & (torch.arange(t)[None, :] > torch.arange(s)[:, None] - width)
+
+
+def _holes(b, s, t):
+    """allowed(b, s, t): causal, with holes that differ by batch; key 0 seen by all."""
+    i, j, batch = torch.arange(s)[:, None], torch.arange(t)[None, :], torch.arange(b)[:, None, None, None]
+    return ((j <= i) & ((i * 7 + j * 3 + batch) % 5 != 0)) | (j == 0)
+
+
+BLOCK_CASES = {
+    # name: (module, (batch, query length, key length), Attentions in the graph)
+    "causal": (HeadsAttention(causal=True), (1, 256, 256), 4),
+    "causal, 300 rows": (HeadsAttention(causal=True), (2, 300, 300), 5),
+    "causal, keys longer": (HeadsAttention(causal=True), (1, 260, 520), 5),
+    "static causal mask, repeat_kv": (HeadsAttention(heads=8, kv_heads=2, repeat_kv=True, mask="causal"), (2, 256, 256), 4),
+    "sliding window": (HeadsAttention(mask=_window(40)), (1, 320, 320), 5),
+    "holes by batch": (HeadsAttention(mask=_holes), (2, 256, 256), 4),
+    "LLaMA's rotary": (HeadsAttention(heads=8, kv_heads=2, rotate="llama", causal=True), (1, 256, 256), 4),
+    "heads returned too": (HeadsAttention(also_heads=True, causal=True), (1, 256, 256), 4),
+    "not causal": (HeadsAttention(), (1, 256, 256), 1),
+    "mask argument": (HeadsAttention(mask="input"), (1, 256, 256), 1),
+    "causal, 255 rows": (HeadsAttention(causal=True), (1, 255, 255), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(BLOCK_CASES))
+def test_attention_in_blocks_of_queries_reads_only_the_keys_they_see(case, monkeypatch):
+    """Causal attention, or attention under a static mask, from 256 query rows on: blocks of
+    64 query rows, each its own Attention on the keys its rows see (3-D and 4-D forms,
+    windows that start later, masks per batch). Values as the whole kernel's, NaN included:
+    a NaN or inf in a key that a block skips makes its rows NaN, as the whole kernel's
+    masked scores and zero weights do; and as eager's on finite inputs."""
+    module, (b, s, t), attentions = BLOCK_CASES[case]
+    torch.manual_seed(0)
+    x, y = torch.randn(b, s, 32), torch.randn(b, t, 32)
+    args = (x, y) if module.mask != "input" else (x, y, torch.randn(b, 1, s, t))
+    with torch.no_grad():
+        compiled = ortlite.compile(module.eval(), args)
+        assert _ops_with_subgraphs(compiled.onnx_model.graph).count("Attention") == attentions
+        monkeypatch.setattr(fusions, "attention_in_query_blocks", lambda *a: 0)
+        whole = ortlite.compile(module, args)
+        assert _ops_with_subgraphs(whole.onnx_model.graph).count("Attention") == 1
+        late, early = y.clone(), y.clone()
+        late[:, -3] = float("nan")  # k and v of a key the first blocks skip
+        early[:, 1, :4] = float("inf")  # of a key that windows leave behind
+        for call in (args, (x * 40, *args[1:]), (x, late, *args[2:]), (x, early, *args[2:])):
+            assert_same(compiled(*call), whole(*call), rtol=1e-6, atol=1e-6)
+        for call in (args, (x * 40, *args[1:]), (x * 1e-30, *args[1:])):
+            assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+def test_attention_blocks_sweep(heads):
+    """Static masks of many shapes (causal flag or mask, windows of 1 to 100 keys, holes by
+    batch; query lengths that are no multiple of the block; keys as many or more; batch 1
+    and 3): blocks or not, values as eager's and NaN where the whole kernel has it."""
+    cases = [(True, None), (False, "causal"), (False, _window(1)), (False, _window(100)), (False, _holes), (True, _window(64))]
+    for (causal, mask), (s, t), b in zip(cases * 2, [(256, 256), (333, 333), (270, 400)] * 4, [1, 3, 1, 3, 1, 3] * 2):
+        module = HeadsAttention(heads=heads[0], kv_heads=heads[1], causal=causal, mask=mask).eval()
+        torch.manual_seed(s + b)
+        x, y = torch.randn(b, s, 32), torch.randn(b, t, 32)
+        late = y.clone()
+        late[:, t // 2 :, :2] = float("nan")
+        with torch.no_grad():
+            compiled = ortlite.compile(module, (x, y))
+            assert_same(compiled(x, y), module(x, y), rtol=1e-5, atol=1e-5)
+            assert compiled(x, late).isnan().any(-1).all(), "rows of blocks that skip a NaN key are NaN"
+
+
+def test_attention_blocks_under_torch_compile_as_lengths_change(tmp_path):
+    """torch.compile: the first call's static graph has the blocks; the graph Dynamo makes
+    when the lengths change (symbolic) keeps one Attention; values as eager's throughout."""
+    torch._dynamo.reset()
+    module = HeadsAttention(heads=8, kv_heads=2, causal=True, rotate="llama").eval()
+    backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
+    f = torch.compile(module, backend=backend)
+    with torch.no_grad():
+        for b, s in [(1, 256), (2, 300), (1, 257), (3, 256)]:
+            x, y = torch.randn(b, s, 32), torch.randn(b, s, 32)
+            assert_same(f(x, y), module(x, y), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs >= 2, backend.stats
+    counts = sorted(_ops_with_subgraphs(onnx.load(p).graph).count("Attention") for p in tmp_path.glob("*.onnx"))
+    assert counts == [1] * (backend.stats.graphs - 1) + [4], counts  # (batch 1 specialized: 3 graphs)

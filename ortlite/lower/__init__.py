@@ -188,7 +188,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
-    attention_fusions(model.graph, known)
+    attention_fusions(model.graph, known, g.values_now)
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     prelude = None

@@ -135,6 +135,7 @@ class GraphBuilder:
         self._sym_values: dict[sympy.Expr, Value] = {}
         self.dtypes: set[torch.dtype] = set()  # of inputs, outputs, constants and casts
         self.failures: list[tuple[str, str, bool]] = []  # (0-d bool value, message, to torch): fail_if, fallback_if
+        self.values_now: dict[str, np.ndarray] = {}  # value name -> its value, known at lowering (constant masks)
 
     def fail_if(self, condition: str, message: str) -> None:
         """Make the call raise RuntimeError(message) when the 0-d bool `condition` is true at

@@ -171,14 +171,17 @@ def fold_flattening_reshapes(graph: onnx.GraphProto, known: dict[str, tuple], or
 HEADS_PERM = [0, 2, 1, 3]  # (B, S, N, D) <-> (B, N, S, D)
 
 
-def attention_fusions(graph: onnx.GraphProto, known: dict[str, tuple]) -> None:
+def attention_fusions(graph: onnx.GraphProto, known: dict[str, tuple], values_now: dict | None = None) -> None:
     """The rewrites around ONNX's Attention, in this order: each one's result is what the
     next one looks for (whole slices vanish from grouped heads' copies; k read uncopied is
-    a rotary embedding's result; rotary on token rows leaves heads the 3-D form takes)."""
+    a rotary embedding's result; rotary on token rows leaves heads the 3-D form takes; the
+    blocks of queries split the attention the others made). values_now: value name -> its
+    value where lowering knew it (constant masks)."""
     whole_slices_to_identity(graph, known)
     attention_takes_grouped_heads(graph, known)
     rotary_before_attention(graph, known)
     attention_on_token_rows(graph, known)
+    attention_in_query_blocks(graph, known, values_now or {})
 
 
 def whole_slices_to_identity(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
@@ -446,6 +449,147 @@ def attention_on_token_rows(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     del graph.node[:]
     graph.node.extend(live_nodes(nodes, outputs))
     return len(rewritten)
+
+
+# rows of queries a block: measured best from 128 to 2048 query rows; longer sequences get
+# blocks of S / QUERY_BLOCKS_MOST rows. Below QUERY_ROWS_LEAST the blocks and their NaN
+# carry cost what they save (measured: the issue 12 note).
+QUERY_BLOCK = 64
+QUERY_BLOCKS_MOST = 32
+QUERY_ROWS_LEAST = 256
+BLOCK_MASKS_MOST = 1 << 22  # elements of the blocks' masks, all attentions together
+BLOCKS_WORTH = 0.85  # blocks are made where they compute at most this share of the scores
+
+
+def attention_in_query_blocks(graph: onnx.GraphProto, known: dict[str, tuple], values_now: dict) -> int:
+    """Causal attention, or attention under a constant mask, with static sequence lengths, as
+    blocks of QUERY_BLOCK query rows: each block reads only the keys some row of it may see
+    (the causal mask's, or the mask's, columns not -inf for every row of the block), so a
+    causal attention computes about half its scores (ONNX Runtime's kernel computes them all
+    and masks). Each block is an ONNX Attention on Slices of q, k and v with its part of the
+    mask (a constant, shared by the attentions that have the same one); a Concat joins them.
+    Rows get the same arithmetic as before: a skipped key's weight was exp(-inf) = 0; where
+    a skipped key's k or v holds NaN or inf, which the whole kernel spreads to the row, the
+    row is made NaN (_skipped_keys_reach_rows). Only Attention without past key or value in
+    the main graph, at least QUERY_ROWS_LEAST query rows; the blocks must save at least
+    1 - BLOCKS_WORTH of the scores. values_now: as for attention_fusions (a mask is a
+    constant there or an initializer). Returns the number of attentions split."""
+    outputs = {o.name for o in graph.output}
+    initializers = {t.name: t for t in graph.initializer}
+    names = {o for n in graph.node for o in n.output} | set(initializers) | {i.name for i in graph.input}
+    fresh = lambda base: fresh_name(base, names)  # noqa: E731
+    made: dict = {}  # (kind, bytes) -> initializer name
+    budget = [BLOCK_MASKS_MOST]
+
+    def constant(array: np.ndarray) -> str:
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in made:
+            made[key] = fresh("ortlite_block_const")
+            graph.initializer.append(numpy_helper.from_array(array, made[key]))
+        return made[key]
+
+    def blocks_of(node):
+        """[(rows, keys, mask part or None)] for node, or None where blocks do not pay."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        q, k, v = node.input[:3]
+        if any(x not in known for x in (q, k, v, node.output[0])) or attrs.get("qk_matmul_output_mode", 0):
+            return None
+        rank = len(known[q][1])
+        axis = 1 if rank == 3 else 2
+        if rank not in (3, 4) or any(len(known[x][1]) != rank for x in (k, v)):
+            return None
+        length, source = known[q][1][axis], known[k][1][axis]
+        if type(length) is not int or type(source) is not int or length < QUERY_ROWS_LEAST:
+            return None
+        allowed = np.tril(np.ones((length, source), dtype=bool)) if attrs.get("is_causal", 0) else np.ones((length, source), dtype=bool)
+        mask = None
+        if len(node.input) > 3 and node.input[3]:
+            name = node.input[3]
+            mask = values_now.get(name, numpy_helper.to_array(initializers[name]) if name in initializers else None)
+            if mask is None or mask.dtype != np.float32 or not 2 <= mask.ndim <= 4 or list(mask.shape[-2:]) != [length, source]:
+                return None
+            allowed &= (mask != -np.inf).reshape(-1, length, source).any(0)  # (NaN is kept)
+        rows = max(QUERY_BLOCK, -(-length // QUERY_BLOCKS_MOST))
+        blocks, scores, mask_size = [], 0, 0
+        for lo in range(0, length, rows):
+            hi = min(lo + rows, length)
+            seen = np.flatnonzero(allowed[lo:hi].any(0))
+            if not seen.size:
+                return None  # (rows seeing nothing take the written-out ops: not here)
+            keys = (int(seen[0]), int(seen[-1]) + 1)
+            part = np.zeros(1, np.float32) if mask is None else mask[..., lo:hi, keys[0] : keys[1]]
+            if attrs.get("is_causal", 0):
+                part = np.where(allowed[lo:hi, keys[0] : keys[1]], part, np.float32(-np.inf)).astype(np.float32)
+            part = None if not np.any(part) else np.ascontiguousarray(part, dtype=np.float32)
+            blocks.append(((lo, hi), keys, part))
+            scores += (hi - lo) * (keys[1] - keys[0])
+            mask_size += 0 if part is None else part.size
+        if scores > BLOCKS_WORTH * length * source or mask_size > budget[0]:
+            return None
+        budget[0] -= mask_size
+        return axis, blocks
+
+    split = {}  # node index -> its blocks' nodes
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.output) != 1 or any(node.input[4:]) or len(node.input) < 3:
+            continue
+        found = blocks_of(node)
+        if found is None:
+            continue
+        axis, blocks = found
+        q, k, v = node.input[:3]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs["is_causal"] = 0
+        nodes, parts = [], []
+        for i, ((lo, hi), (start, end), part) in enumerate(blocks):
+            q_rows, keys = fresh(f"{q}_rows{lo}"), [k, v]
+            nodes.append(helper.make_node("Slice", [q, constant(np.array([lo])), constant(np.array([hi])), constant(np.array([axis]))], [q_rows]))
+            if (start, end) != (0, known[k][1][axis]):
+                keys = [fresh(f"{x}_keys{start}_{end}") for x in (k, v)]
+                for x, out in zip((k, v), keys):
+                    nodes.append(helper.make_node("Slice", [x, constant(np.array([start])), constant(np.array([end])), constant(np.array([axis]))], [out]))
+            out = fresh(f"{node.output[0]}_rows{lo}")
+            inputs = [q_rows, *keys] + ([] if part is None else [constant(part)])
+            nodes.append(helper.make_node("Attention", inputs, [out], name=f"{node.name}_rows{lo}", **attrs))
+            parts.append(out)
+        joined = fresh(f"{node.output[0]}_blocks")
+        nodes.append(helper.make_node("Concat", parts, [joined], name=f"{node.name}_blocks", axis=axis))
+        nodes += _skipped_keys_reach_rows(k, v, joined, node.output[0], axis, blocks, known[k][1][axis], fresh, constant)
+        split[index] = nodes
+    if not split:
+        return 0
+    nodes = [m for i, n in enumerate(graph.node) for m in split.get(i, [n])]
+    del graph.node[:]
+    graph.node.extend(live_nodes(nodes, outputs))
+    return len(split)
+
+
+def _skipped_keys_reach_rows(k, v, joined, out, axis, blocks, source, fresh, constant) -> list:
+    """Nodes making out = joined + (NaN for the rows of a block that skips a key whose k or v
+    holds NaN or inf, else 0): what the whole kernel gives them (a NaN score plus the mask's
+    -inf is NaN; 0 times an inf value is NaN). A sum over a key's k and v that overflows
+    counts as inf too (NaN where the whole kernel had a number: the safe side)."""
+    nodes = []
+
+    def op(op_type, *inputs, **attrs):
+        name = fresh(f"{out}_{op_type.lower()}")
+        nodes.append(helper.make_node(op_type, list(inputs), [name], **attrs))
+        return name
+
+    features = constant(np.array([2] if axis == 1 else [1, 3]))  # all but batch and keys
+    total = op("Add", op("ReduceSum", k, features, keepdims=0), op("ReduceSum", v, features, keepdims=0))
+    bad = op("Pad", op("Mul", total, constant(np.array(0, np.float32))), constant(np.array([0, 1, 0, 1])))  # (B, 1 + keys + 1)
+    flags = []
+    ends = np.concatenate([np.full(hi - lo, end + 1) for (lo, hi), (_, end), _ in blocks])  # past the keys read
+    if np.any(ends <= source):
+        flags.append(op("Gather", op("CumSum", bad, constant(np.array(1)), reverse=1), constant(ends), axis=1))
+    starts = np.concatenate([np.full(hi - lo, start) for (lo, hi), (start, _), _ in blocks])  # before them
+    if np.any(starts > 0):
+        flags.append(op("Gather", op("CumSum", bad, constant(np.array(1))), constant(starts), axis=1))
+    flag = flags[0] if len(flags) == 1 else op("Add", *flags)
+    rows = op("Unsqueeze", flag, constant(np.array([2] if axis == 1 else [1, 3])))
+    nodes.append(helper.make_node("Add", [joined, rows], [out]))
+    return nodes
 
 
 def _passes(node, known) -> bool:
