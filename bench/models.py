@@ -3,7 +3,7 @@
 models built from configs (random weights, no downloads). One thread, interleaved rounds,
 medians; first-call (compile + run) times; what fell back to torch.
 
-    python bench/models.py [--models bert,gpt2,llama,moe,vit,resnet,mobilenet] [--rounds 7] [--no-inductor] [--no-dynamic] [--device cpu|cuda]
+    python bench/models.py [--models bert,gpt2,llama,llama-long,moe,vit,resnet,mobilenet] [--rounds 7] [--no-inductor] [--no-dynamic] [--device cpu|cuda]
 
 Peers in the same run: inductor, and torch.onnx.export(dynamo=True) + ONNX Runtime
 ("export+ORT"; needs onnxscript, the bench extra: pip install -e ".[bench]").
@@ -51,13 +51,18 @@ def gpt2():
     return "GPT-2 h256 L4 seq128 b1", GPT2Model(config), (torch.randint(0, 50257, (1, 128)),)
 
 
-def llama():
+def llama(length=128):
     from transformers import LlamaConfig, LlamaModel
 
     config = LlamaConfig(
         hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=32000
     )
-    return "LLaMA h256 L4 seq128 b1", LlamaModel(config), (torch.randint(0, 32000, (1, 128)),)
+    return f"LLaMA h256 L4 seq{length} b1", LlamaModel(config), (torch.randint(0, 32000, (1, length)),)
+
+
+def llama_long():
+    """A long prompt: attention is most of the time (causal attention in blocks of queries)."""
+    return llama(1024)
 
 
 def moe():
@@ -138,7 +143,7 @@ def mobilenet():
     return "MobileNetV2-like 224px b1", model, (torch.randn(1, 3, 224, 224),)
 
 
-MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "moe": moe, "vit": vit, "resnet": resnet, "mobilenet": mobilenet}
+MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "llama-long": llama_long, "moe": moe, "vit": vit, "resnet": resnet, "mobilenet": mobilenet}
 
 
 def first_output(out):

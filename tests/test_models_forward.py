@@ -3,6 +3,7 @@ downloads): the forward runs with nothing left to torch and matches eager to 1e-
 
 import logging
 
+import onnx
 import pytest
 import torch
 
@@ -62,3 +63,27 @@ def test_forward_runs_entirely_in_onnx_runtime(family):
     assert names
     for name in names:
         assert_same(got[name], expected[name], rtol=1e-4, atol=1e-4)
+
+
+def long_prompt(family):
+    """A prompt of 320 tokens, where causal attention runs in blocks of queries."""
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=100, max_position_embeddings=512)
+    if family == "gpt2":
+        config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=512)
+        return transformers.GPT2Model(config), dict(input_ids=torch.randint(0, 100, (1, 320)))
+    return transformers.LlamaModel(transformers.LlamaConfig(num_key_value_heads=2, **cfg)), dict(input_ids=torch.randint(0, 100, (2, 320)))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_long_prompt_attention_runs_in_blocks(family, tmp_path):
+    torch.manual_seed(0)
+    model, inputs = long_prompt(family)
+    model.eval()
+    backend = ortlite.Backend(ortlite.Options(fallback="error", dump_dir=str(tmp_path)))
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+        got = torch.compile(model, backend=backend, dynamic=False)(**inputs).last_hidden_state
+    assert backend.stats.fallback_ops == {}
+    assert_same(got, expected, rtol=1e-4, atol=1e-4)
+    attentions = sum(n.op_type == "Attention" for p in tmp_path.glob("*.onnx") for n in onnx.load(p).graph.node)
+    assert attentions == 2 * 5, attentions  # two layers, five blocks of 64 query rows each
