@@ -700,6 +700,12 @@ def _holes(b, s, t):
     return ((j <= i) & ((i * 7 + j * 3 + batch) % 5 != 0)) | (j == 0)
 
 
+def _by_head(b, s, t):
+    """allowed(b, s, t), (1, 4, s, t): heads 0 and 1 causal, 2 and 3 a window of 50 keys."""
+    causal, window = torch.arange(t)[None, :] <= torch.arange(s)[:, None], _window(50)(b, s, t)
+    return torch.stack([causal, causal, window, window])[None]
+
+
 BLOCK_CASES = {
     # name: (module, (batch, query length, key length), Attentions in the graph)
     "causal": (HeadsAttention(causal=True), (1, 256, 256), 4),
@@ -708,6 +714,7 @@ BLOCK_CASES = {
     "static causal mask, repeat_kv": (HeadsAttention(heads=8, kv_heads=2, repeat_kv=True, mask="causal"), (2, 256, 256), 4),
     "sliding window": (HeadsAttention(mask=_window(40)), (1, 320, 320), 5),
     "holes by batch": (HeadsAttention(mask=_holes), (2, 256, 256), 4),
+    "by head": (HeadsAttention(mask=_by_head), (2, 256, 256), 4),
     "LLaMA's rotary": (HeadsAttention(heads=8, kv_heads=2, rotate="llama", causal=True), (1, 256, 256), 4),
     "heads returned too": (HeadsAttention(also_heads=True, causal=True), (1, 256, 256), 4),
     "not causal": (HeadsAttention(), (1, 256, 256), 1),
@@ -748,7 +755,8 @@ def test_attention_blocks_sweep(heads):
     batch; query lengths that are no multiple of the block; keys as many or more; batch 1
     and 3): blocks or not, values as eager's and NaN where the whole kernel has it."""
     cases = [(True, None), (False, "causal"), (False, _window(1)), (False, _window(100)), (False, _holes), (True, _window(64))]
-    for (causal, mask), (s, t), b in zip(cases * 2, [(256, 256), (333, 333), (270, 400)] * 4, [1, 3, 1, 3, 1, 3] * 2):
+    for i, (causal, mask) in enumerate(cases * 2):
+        (s, t), b = [(256, 256), (333, 333), (270, 400)][i % 3], (1, 3)[i % 2]
         module = HeadsAttention(heads=heads[0], kv_heads=heads[1], causal=causal, mask=mask).eval()
         torch.manual_seed(s + b)
         x, y = torch.randn(b, s, 32), torch.randn(b, t, 32)

@@ -478,7 +478,7 @@ def attention_in_query_blocks(graph: onnx.GraphProto, known: dict[str, tuple], v
     initializers = {t.name: t for t in graph.initializer}
     names = {o for n in graph.node for o in n.output} | set(initializers) | {i.name for i in graph.input}
     fresh = lambda base: fresh_name(base, names)  # noqa: E731
-    made: dict = {}  # (kind, bytes) -> initializer name
+    made: dict = {}  # (dtype, shape, bytes) -> initializer name
     budget = [BLOCK_MASKS_MOST]
 
     def constant(array: np.ndarray) -> str:
@@ -541,7 +541,7 @@ def attention_in_query_blocks(graph: onnx.GraphProto, known: dict[str, tuple], v
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs["is_causal"] = 0
         nodes, parts = [], []
-        for i, ((lo, hi), (start, end), part) in enumerate(blocks):
+        for (lo, hi), (start, end), part in blocks:
             q_rows, keys = fresh(f"{q}_rows{lo}"), [k, v]
             nodes.append(helper.make_node("Slice", [q, constant(np.array([lo])), constant(np.array([hi])), constant(np.array([axis]))], [q_rows]))
             if (start, end) != (0, known[k][1][axis]):
