@@ -587,6 +587,13 @@ class HeadsAttention(torch.nn.Module):
         return (merged, out) if self.also_heads else merged
 
 
+def _heads_inputs(module, b, s, t):
+    """x (b, s, 32), y (b, t, 32), and the arguments for module (with its mask if it takes one)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(b, s, 32), torch.randn(b, t, 32)
+    return x, y, ((x, y) if module.mask != "input" else (x, y, torch.randn(b, 1, s, t)))
+
+
 TOKEN_ROW_CASES = {
     # name: (module, (batch, query length, key length), the 3-D form expected)
     "plain": (HeadsAttention(), (2, 7, 7), True),
@@ -613,9 +620,7 @@ def test_attention_on_token_rows_loses_its_transposes(case):
     pattern does not hold, the 4-D form and its Transposes stay.
     Values as eager's, also with scores that saturate the softmax and that vanish."""
     module, (b, s, t), three_d = TOKEN_ROW_CASES[case]
-    torch.manual_seed(0)
-    x, y = torch.randn(b, s, 32), torch.randn(b, t, 32)
-    args = (x, y) if module.mask != "input" else (x, y, torch.randn(b, 1, s, t))
+    x, y, args = _heads_inputs(module, b, s, t)
     with torch.no_grad():
         compiled = ortlite.compile(module.eval(), args)
         ops = optimized_ops(compiled.onnx_model)
@@ -731,9 +736,7 @@ def test_attention_in_blocks_of_queries_reads_only_the_keys_they_see(case, monke
     a NaN or inf in a key that a block skips makes its rows NaN, as the whole kernel's
     masked scores and zero weights do; and as eager's on finite inputs."""
     module, (b, s, t), attentions = BLOCK_CASES[case]
-    torch.manual_seed(0)
-    x, y = torch.randn(b, s, 32), torch.randn(b, t, 32)
-    args = (x, y) if module.mask != "input" else (x, y, torch.randn(b, 1, s, t))
+    x, y, args = _heads_inputs(module, b, s, t)
     with torch.no_grad():
         compiled = ortlite.compile(module.eval(), args)
         assert _ops_with_subgraphs(compiled.onnx_model.graph).count("Attention") == attentions
