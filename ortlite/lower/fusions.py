@@ -257,15 +257,8 @@ def rotary_before_attention(graph: onnx.GraphProto, known: dict[str, tuple]) -> 
     producer = {o: n for n in graph.node for o in n.output}
     constants = _small_constants(graph)
     made_by = lambda value, op_type: _made_by(producer, known, value, op_type)  # noqa: E731
-    names = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    fresh, constant = _new_values(graph, "ortlite_rotary_const")
     added: list = []  # the cache nodes made for the rotary embedding being rewritten
-
-    fresh = lambda base: fresh_name(base, names)  # noqa: E731
-
-    def constant(values) -> str:
-        name = fresh("ortlite_rotary_const")
-        graph.initializer.append(numpy_helper.from_array(np.array(values, dtype=np.int64), name))
-        return name
 
     def scalar(name) -> bool:
         return name in constants and constants[name].size == 1
@@ -476,21 +469,11 @@ def attention_in_query_blocks(graph: onnx.GraphProto, known: dict[str, tuple], v
     constant there or an initializer). Returns the number of attentions split."""
     outputs = {o.name for o in graph.output}
     initializers = {t.name: t for t in graph.initializer}
-    names = {o for n in graph.node for o in n.output} | set(initializers) | {i.name for i in graph.input}
-    fresh = lambda base: fresh_name(base, names)  # noqa: E731
-    made: dict = {}  # (dtype, shape, bytes) -> initializer name
+    fresh, constant = _new_values(graph, "ortlite_block_const")
     budget = [BLOCK_MASKS_MOST]
 
-    def constant(array: np.ndarray) -> str:
-        key = (array.dtype.str, array.shape, array.tobytes())
-        if key not in made:
-            made[key] = fresh("ortlite_block_const")
-            graph.initializer.append(numpy_helper.from_array(array, made[key]))
-        return made[key]
-
-    def blocks_of(node):
-        """[(rows, keys, mask part or None)] for node, or None where blocks do not pay."""
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    def blocks_of(node, attrs):
+        """(axis, [(rows, keys, mask part or None)]) for node, or None where blocks do not pay."""
         q, k, v = node.input[:3]
         if any(x not in known for x in (q, k, v, node.output[0])) or attrs.get("qk_matmul_output_mode", 0):
             return None
@@ -533,21 +516,21 @@ def attention_in_query_blocks(graph: onnx.GraphProto, known: dict[str, tuple], v
     for index, node in enumerate(graph.node):
         if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.output) != 1 or any(node.input[4:]) or len(node.input) < 3:
             continue
-        found = blocks_of(node)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        found = blocks_of(node, attrs)
         if found is None:
             continue
         axis, blocks = found
         q, k, v = node.input[:3]
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs["is_causal"] = 0
         nodes, parts = [], []
         for (lo, hi), (start, end), part in blocks:
             q_rows, keys = fresh(f"{q}_rows{lo}"), [k, v]
-            nodes.append(helper.make_node("Slice", [q, constant(np.array([lo])), constant(np.array([hi])), constant(np.array([axis]))], [q_rows]))
+            nodes.append(helper.make_node("Slice", [q, constant([lo]), constant([hi]), constant([axis])], [q_rows]))
             if (start, end) != (0, known[k][1][axis]):
                 keys = [fresh(f"{x}_keys{start}_{end}") for x in (k, v)]
                 for x, out in zip((k, v), keys):
-                    nodes.append(helper.make_node("Slice", [x, constant(np.array([start])), constant(np.array([end])), constant(np.array([axis]))], [out]))
+                    nodes.append(helper.make_node("Slice", [x, constant([start]), constant([end]), constant([axis])], [out]))
             out = fresh(f"{node.output[0]}_rows{lo}")
             inputs = [q_rows, *keys] + ([] if part is None else [constant(part)])
             nodes.append(helper.make_node("Attention", inputs, [out], name=f"{node.name}_rows{lo}", **attrs))
@@ -576,18 +559,18 @@ def _skipped_keys_reach_rows(k, v, joined, out, axis, blocks, source, fresh, con
         nodes.append(helper.make_node(op_type, list(inputs), [name], **attrs))
         return name
 
-    features = constant(np.array([2] if axis == 1 else [1, 3]))  # all but batch and keys
+    features = constant([2] if axis == 1 else [1, 3])  # all but batch and keys
     total = op("Add", op("ReduceSum", k, features, keepdims=0), op("ReduceSum", v, features, keepdims=0))
-    bad = op("Pad", op("Mul", total, constant(np.array(0, np.float32))), constant(np.array([0, 1, 0, 1])))  # (B, 1 + keys + 1)
+    bad = op("Pad", op("Mul", total, constant(np.array(0, np.float32))), constant([0, 1, 0, 1]))  # (B, 1 + keys + 1)
     flags = []
     ends = np.concatenate([np.full(hi - lo, end + 1) for (lo, hi), (_, end), _ in blocks])  # past the keys read
     if np.any(ends <= source):
-        flags.append(op("Gather", op("CumSum", bad, constant(np.array(1)), reverse=1), constant(ends), axis=1))
+        flags.append(op("Gather", op("CumSum", bad, constant(1), reverse=1), constant(ends), axis=1))
     starts = np.concatenate([np.full(hi - lo, start) for (lo, hi), (start, _), _ in blocks])  # before them
     if np.any(starts > 0):
-        flags.append(op("Gather", op("CumSum", bad, constant(np.array(1))), constant(starts), axis=1))
+        flags.append(op("Gather", op("CumSum", bad, constant(1)), constant(starts), axis=1))
     flag = flags[0] if len(flags) == 1 else op("Add", *flags)
-    rows = op("Unsqueeze", flag, constant(np.array([2] if axis == 1 else [1, 3])))
+    rows = op("Unsqueeze", flag, constant([2] if axis == 1 else [1, 3]))
     nodes.append(helper.make_node("Add", [joined, rows], [out]))
     return nodes
 
@@ -644,6 +627,27 @@ def _splits_last(rows: tuple, heads: tuple, perm=(0, 1, 2, 3)) -> bool:
         return False
     b, s, n, d = (heads[p] for p in perm)
     return type(n) is int and type(d) is int and type(rows[2]) is int and rows[2] == n * d and same_shape(rows[:2], (b, s))
+
+
+def _new_values(graph: onnx.GraphProto, base: str):
+    """(fresh(name): name, or name_<k>, that nothing in graph has yet; constant(values): the
+    name of an initializer holding values (ints as int64, arrays as they are), one per
+    distinct value) for a rewrite adding values to graph."""
+    taken = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    made: dict = {}  # (dtype, shape, bytes) -> initializer name
+
+    def fresh(name: str) -> str:
+        return fresh_name(name, taken)
+
+    def constant(values) -> str:
+        array = values if isinstance(values, np.ndarray) else np.array(values, dtype=np.int64)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in made:
+            made[key] = fresh(base)
+            graph.initializer.append(numpy_helper.from_array(array, made[key]))
+        return made[key]
+
+    return fresh, constant
 
 
 def fresh_name(base: str, taken: set[str]) -> str:
