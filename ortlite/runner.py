@@ -110,11 +110,12 @@ def _is_static(shape) -> bool:
 
 
 def build_runner(
-    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, cls=_fast.Runner, session_for_stream=None, frozen=frozenset()
+    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, cls=_fast.Runner, session_for_stream=None, frozen=frozenset(), from_file=False
 ) -> _fast.Runner:
     """session_for_stream: for graphs on CUDA, cudaStream_t (int) -> a session computing on
     that stream; sess is then the one for the current stream. frozen: indices of arguments
-    that are initializers of the session (checked for changes, not bound)."""
+    that are initializers of the session (checked for changes, not bound). from_file: the
+    graph comes from a saved file (ortlite.load), whose size expressions are not trusted."""
     inputs = []
     for index, spec in enumerate(lowered.inputs):
         kind = _fast.ARG_KINDS[spec.kind]
@@ -160,7 +161,7 @@ def build_runner(
         lowered.returns_tuple,
         boxed,
         _recycle_outputs(lowered),
-        sizes_function(name, lowered, sym_outputs),
+        sizes_function(name, lowered, sym_outputs, check_shapes=from_file),
         RECYCLE_MAX_BYTES,
         stream_of,
         session_for,
@@ -319,10 +320,12 @@ def _contiguous_strides(sizes):
     return list(reversed(strides))
 
 
-def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list):
+def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list, check_shapes: bool = False):
     """For graphs with symbolic sizes: a function of the call's arguments that reads each
     symbol from the first argument size it is, checks the other sizes that must equal it
     and the exported ranges, and returns (shapes of the outputs, values of size outputs).
+    check_shapes: the expressions come from a file (ortlite.load): check that each output
+    shape is one torch can allocate.
     Generated once as Python source: per call it is a few attribute reads and compares."""
     dynamic_outputs = [o for o in lowered.ort_outputs if not _is_static(o.shape)]
     if not lowered.symbols and not dynamic_outputs and not sym_outputs:
@@ -352,8 +355,19 @@ def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list):
         values = ", ".join(printer.doprint(expr) for expr in sym_outputs)
     except NotImplementedError as e:  # a sympy function PythonPrinter cannot print
         raise ValueError(f"ortlite graph {name}: cannot compute sizes in Python: {e}") from None
-    lines.append(f"    return ({shapes}{',' if lowered.ort_outputs else ''}), ({values}{',' if sym_outputs else ''})")
-    namespace = {"_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range, "_guard_failed": _guard_failed, "math": math, "torch": torch}
+    lines.append(f"    shapes = ({shapes}{',' if lowered.ort_outputs else ''})")
+    if check_shapes:  # a file's expressions: each output must be one torch can allocate
+        itemsizes = tuple(o.dtype.itemsize for o in lowered.ort_outputs)
+        lines.append(f"    _check_shapes({name!r}, shapes, {itemsizes!r})")
+    lines.append(f"    return shapes, ({values}{',' if sym_outputs else ''})")
+    # arithmetic no compiled graph does (a division by a size that is 0, a math domain
+    # error: a saved file's tampered expressions) is an error that names the graph
+    lines = [lines[0], "  try:", *("  " + line for line in lines[1:]), "  except SizesError: raise", "  except _EVALUATION as e: raise _unevaluable(" + repr(name) + ", e) from None"]
+    namespace = {
+        "_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range, "_guard_failed": _guard_failed, "_check_shapes": _check_shapes,
+        "_unevaluable": _unevaluable, "SizesError": SizesError, "_EVALUATION": (ArithmeticError, ValueError, TypeError, IndexError, AttributeError),
+        "math": math, "torch": torch,
+    }
     code = compile("\n".join(lines), f"<ortlite sizes of {name}>", "exec")
     unknown = _names(code) - set(namespace) - set(vars(builtins)) - {"sizes", "args"}
     if unknown:  # a sympy function PythonPrinter has no Python for (e.g. OpaqueUnaryFn_exp)
@@ -381,10 +395,28 @@ def _shape_code(shape, symbols, printer) -> str:
     return "(" + "".join(f"{printer.doprint(e)}, " for e in exprs) + ")"
 
 
+class SizesError(ValueError):
+    """The call's argument sizes are not ones the graph was compiled for, or its size
+    expressions cannot be evaluated for them."""
+
+
+def _check_shapes(graph, shapes, itemsizes) -> None:
+    for i, (shape, itemsize) in enumerate(zip(shapes, itemsizes)):
+        if shape is not None and not (all(d >= 0 for d in shape) and math.prod(shape) * itemsize < 2**63):
+            raise SizesError(f"ortlite graph {graph}: its output {i} would have the shape {shape} for these arguments (a saved file's metadata may be malformed)")
+
+
+def _unevaluable(graph, error) -> Exception:
+    return SizesError(
+        f"ortlite graph {graph}: cannot compute its sizes for these arguments ({type(error).__name__}: {error}); "
+        "a saved file's metadata may be malformed"
+    )
+
+
 def _unequal_sizes(graph, symbol, arg, dim, other_arg, other_dim, args) -> Exception:
     where = lambda a, d: f"argument {a}" + ("" if d is None else f" dim {d}")  # noqa: E731
     value = lambda a, d: args[a] if d is None else args[a].shape[d]  # noqa: E731
-    return ValueError(
+    return SizesError(
         f"ortlite graph {graph}: {where(other_arg, other_dim)} is {value(other_arg, other_dim)} but must equal "
         f"{where(arg, dim)}, which is {value(arg, dim)} (both are the size {symbol})"
     )
@@ -393,14 +425,14 @@ def _unequal_sizes(graph, symbol, arg, dim, other_arg, other_dim, args) -> Excep
 def _size_out_of_range(graph, symbol, value, low, high, arg, dim) -> Exception:
     where = f"argument {arg}" + ("" if dim is None else f" dim {dim}")
     empty = " (ortlite.compile runs a Dim from 1 even where the Dim allows 0: its lowerings assume inputs that are not empty)" if value == 0 else ""
-    return ValueError(
+    return SizesError(
         f"ortlite graph {graph}: {where} is {value}, outside the range [{low}, {'inf' if high is None else high}] "
         f"it was compiled for (size {symbol}){empty}"
     )
 
 
 def _guard_failed(graph, guard, values) -> Exception:
-    return ValueError(f"ortlite graph {graph}: its arguments' sizes break {guard}, which the exported program was traced under ({values})")
+    return SizesError(f"ortlite graph {graph}: its arguments' sizes break {guard}, which the exported program was traced under ({values})")
 
 
 def describe_mismatch(graph, index, input_name, dtype, device_index, shape, got) -> Exception:

@@ -15,6 +15,8 @@ binds and updates, as the compiled one updates the module's buffers."""
 
 from __future__ import annotations
 
+import builtins
+import collections
 import json
 import os
 import re
@@ -24,9 +26,11 @@ import onnx
 import sympy
 import torch
 import torch.utils._sympy.functions as torch_sympy
+from google.protobuf.message import Message
 from onnx import external_data_helper, numpy_helper
 from sympy.core.assumptions import _assume_defined
 from torch.export.graph_signature import OutputKind
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils import _pytree as pytree
 
 from .lower import SCALAR_DTYPES, InputSpec, LoweredGraph, OutputSpec
@@ -55,7 +59,13 @@ SYMBOL_NAME = re.compile(r"[a-z]+[0-9]+")  # ShapeEnv's names (s0, u3); they bec
 DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in TORCH_TO_ONNX}
 MUTATION_KINDS = {kind.name: kind for kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)}
 KINDS = ("tensor", "int", "float", "bool", "unused")
-MAX_EXPONENT = 64  # of a size expression's powers (sizes are products of a few symbols)
+MAX_EXPONENT = 64  # of a size expression's powers and shifts (sizes are products of a few symbols)
+POWERS = ("Pow", "PowByNatural", "FloatPow")
+# functions whose second argument the sizes code spends time on (s**e, s << e, round(s, -e):
+# a file could ask for e = 2**62): a literal int in these bounds
+LITERAL_SECOND = {**{p: (-MAX_EXPONENT, MAX_EXPONENT) for p in POWERS}, "LShift": (0, MAX_EXPONENT), "RShift": (0, MAX_EXPONENT), "RoundDecimal": (-MAX_EXPONENT, MAX_EXPONENT)}
+MAX_BITS = 4096  # of any value a size expression computes (sizes are products of a few int64s)
+DIVISIONS = ("Mod", "PythonMod", "FloorDiv", "CeilDiv", "CleanDiv", "IntTrueDiv", "FloatTrueDiv", "ModularIndexing")
 
 
 class _Invalid(Exception):
@@ -216,8 +226,8 @@ def load(path, options=None):
     except Exception as e:  # ORT's own checks of the graph
         raise ValueError(f"ortlite.load: {path}: ONNX Runtime cannot load the model: {e}") from None
     try:
-        compiled = build_runner("aot", lowered, sess, cls=cls, session_for_stream=session_for_stream)
-    except (ValueError, TypeError, RecursionError, MemoryError, SyntaxError) as e:  # e.g. its sizes code
+        compiled = build_runner("aot", lowered, sess, cls=cls, session_for_stream=session_for_stream, from_file=True)
+    except Exception as e:  # e.g. its sizes code: whatever fails here, the file's metadata made it fail
         raise ValueError(f"ortlite.load: {path}: its metadata does not make a runner: {type(e).__name__}: {e}") from None
     targets = [b["buffer"] for b in saved["bound"]]
     return attach(
@@ -239,9 +249,9 @@ def _read(path: str, data: bytes):
         version = metadata["format"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise _Invalid(f"its ortlite metadata is not valid JSON with a format version: {e}") from None
-    if not isinstance(version, int) or version > FORMAT:
+    if type(version) is not int or not 1 <= version <= FORMAT:
         raise _Invalid(f"it was written in ortlite format {version!r}; this ortlite reads format {FORMAT} and older")
-    external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+    external = _external_initializers(model)
     if external:
         try:
             external_data_helper.load_external_data_for_model(model, os.path.dirname(path) or ".")
@@ -258,6 +268,33 @@ def _read(path: str, data: bytes):
     return model, lowered, saved
 
 
+def _external_initializers(model: onnx.ModelProto) -> bool:
+    """Whether the graph's initializers keep their data in files; their locations are checked
+    when they are read (onnx refuses paths that leave the model's folder). Data kept outside
+    anywhere else (a Constant node's value, a subgraph's initializer, a sparse tensor, a
+    function) is refused: ONNX Runtime resolves such paths against the working directory."""
+    for tensor in _tensors(model, skip=("onnx.ModelProto.graph", "onnx.GraphProto.initializer")):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.external_data):
+            raise _Invalid(f"tensor {tensor.name!r} keeps its data in a file, and only the graph's initializers may")
+    return any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+
+
+def _tensors(message, skip=()):
+    """Every TensorProto inside a protobuf message, at any depth, but those at the path of
+    fields `skip` (full names, from the message down)."""
+    for field, value in message.ListFields():
+        if field.type != field.TYPE_MESSAGE:
+            continue
+        on_path = bool(skip) and field.full_name == skip[0]
+        if on_path and len(skip) == 1:
+            continue
+        for item in (value,) if isinstance(value, Message) else value:
+            if isinstance(item, onnx.TensorProto):
+                yield item
+            else:
+                yield from _tensors(item, skip[1:] if on_path else ())
+
+
 def _decode(model: onnx.ModelProto, m: dict):
     symbols, ranges = {}, {}
     for name, entry in m["symbols"].items():
@@ -268,10 +305,10 @@ def _decode(model: onnx.ModelProto, m: dict):
             raise _Invalid(f"malformed ortlite metadata: size symbol {name!r} {assumptions!r}")
         symbols[name] = sympy.Symbol(name, **assumptions)
         low, high = entry["range"]
-        if not all(b is None or type(b) is int for b in (low, high)):
+        if not all(b is None or (type(b) is int and -(2**63) <= b < 2**63) for b in (low, high)) or (None not in (low, high) and low > high):
             raise _Invalid(f"malformed ortlite metadata: range {entry['range']!r} of {name}")
         ranges[symbols[name]] = (low, high)
-    expr = lambda j: _decode_expr(j, symbols)  # noqa: E731
+    expr = lambda j: _bounded(_decode_expr(j, symbols), j)  # noqa: E731
     inputs = [_input_spec(j, expr) for j in m["inputs"]]
     ort_outputs = [_input_spec(j, expr) for j in m["ort_outputs"]]
     if any(o.kind != "tensor" for o in ort_outputs):
@@ -279,17 +316,19 @@ def _decode(model: onnx.ModelProto, m: dict):
     outputs = []
     for j in m["outputs"]:
         source = j["source"]
+        if type(j["as_scalar"]) is not bool or (j["as_scalar"] and source == "ort" and not _is_scalar_output(j.get("index"), ort_outputs)):
+            raise _Invalid(f"malformed ortlite metadata: output {j!r} as a Python number")
         if source == "sym":
-            outputs.append(OutputSpec("sym", value=expr(j["value"]), as_scalar=bool(j["as_scalar"])))
+            outputs.append(OutputSpec("sym", value=expr(j["value"]), as_scalar=j["as_scalar"]))
         elif source == "const":
             if not (j["value"] is None or isinstance(j["value"], (bool, int, float))):
                 raise _Invalid(f"malformed ortlite metadata: constant output {j['value']!r}")
-            outputs.append(OutputSpec("const", value=j["value"], as_scalar=bool(j["as_scalar"])))
+            outputs.append(OutputSpec("const", value=j["value"], as_scalar=j["as_scalar"]))
         elif source in ("ort", "input"):
             limit = len(ort_outputs) if source == "ort" else len(inputs)
             if type(j["index"]) is not int or not 0 <= j["index"] < limit:
                 raise _Invalid(f"malformed ortlite metadata: output from {source} {j['index']!r} of {limit}")
-            outputs.append(OutputSpec(source, index=j["index"], as_scalar=bool(j["as_scalar"])))
+            outputs.append(OutputSpec(source, index=j["index"], as_scalar=j["as_scalar"]))
         else:
             raise _Invalid(f"malformed ortlite metadata: output source {source!r}")
     sizes = {}
@@ -327,13 +366,19 @@ def _decode(model: onnx.ModelProto, m: dict):
 
     in_spec, out_spec = _treespec(m["in_spec"], "arguments"), _treespec(m["out_spec"], "outputs")
     mutations = []
-    buffers = {b["buffer"] for b in bound}
+    buffers = {b["buffer"]: position for position, b in enumerate(bound)}
     n_user = len(inputs) - len(bound)
     for kind, target in m["mutations"]:
         kind = MUTATION_KINDS[kind]
-        ok = target in buffers if kind == OutputKind.BUFFER_MUTATION else type(target) is int and 0 <= target < n_user
-        if not ok:
-            raise _Invalid(f"malformed ortlite metadata: mutation of {target!r}")
+        # the model copies its output number len(mutations) into the target: the same tensor type
+        value = outputs[len(mutations)] if len(mutations) < len(outputs) else None
+        value = {"ort": ort_outputs, "input": inputs}.get(value.source, [])[value.index] if value is not None else None
+        if kind == OutputKind.BUFFER_MUTATION:
+            destination = inputs[buffers[target]] if isinstance(target, str) and target in buffers else None
+        else:
+            destination = inputs[len(bound) + target] if type(target) is int and 0 <= target < n_user else None
+        if destination is None or value is None or (value.kind, value.dtype, value.shape) != ("tensor", destination.dtype, destination.shape):
+            raise _Invalid(f"malformed ortlite metadata: mutation of {target!r} from output {len(mutations)}")
         mutations.append((kind, target))
     if in_spec.num_leaves != n_user:
         raise _Invalid(f"its argument spec has {in_spec.num_leaves} leaves, but the graph takes {n_user} arguments")
@@ -344,6 +389,10 @@ def _decode(model: onnx.ModelProto, m: dict):
         guards=[expr(j) for j in m.get("guards", [])],
     )
     return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec}
+
+
+def _is_scalar_output(index, ort_outputs) -> bool:
+    return type(index) is int and 0 <= index < len(ort_outputs) and ort_outputs[index].shape == ()
 
 
 def _input_spec(j: dict, expr) -> InputSpec:
@@ -360,6 +409,8 @@ def _input_spec(j: dict, expr) -> InputSpec:
     if kind in SCALAR_DTYPES and (dtype != SCALAR_DTYPES[kind] or shape != () or device not in (None, torch.device("cpu"))):
         # the runner writes a Python scalar as 8 bytes on the host: only the dtype it expects
         raise _Invalid(f"malformed ortlite metadata: {kind} argument {j['name']!r} as {dtype}{list(shape)} on {device}")
+    if device is not None and device.type == "cuda" and not (device.index or 0) < torch.cuda.device_count():
+        raise _Invalid(f"its argument {j['name']!r} is on {device}, which this machine does not have")
     return InputSpec(kind, j["name"], dtype, shape, device)
 
 
@@ -387,12 +438,50 @@ def _decode_expr(j, symbols: dict):
         if head == "Float" and len(args) == 1 and isinstance(args[0], str):
             float(args[0])  # a number, else ValueError
             return sympy.Float(args[0])
-        if head == "Pow" and not (len(args) == 2 and type(args[1]) is int and -MAX_EXPONENT <= args[1] <= MAX_EXPONENT):
-            # the sizes code writes s**e as e multiplications: a file could ask for 2**62
-            raise _Invalid(f"malformed ortlite metadata: size expression {j!r} (exponent past {MAX_EXPONENT})")
+        if head in LITERAL_SECOND:
+            low, high = LITERAL_SECOND[head]
+            if not (len(args) == 2 and type(args[1]) is int and low <= args[1] <= high):
+                raise _Invalid(f"malformed ortlite metadata: size expression {j!r} (its second argument must be an int in [{low}, {high}])")
+        if head in DIVISIONS and len(args) > 1 and any(a == 0 and type(a) is int for a in args[1:]):
+            raise _Invalid(f"malformed ortlite metadata: size expression {j!r} divides by 0")
         if head in FUNCTIONS:  # as saved, already simplified: not evaluated again (a file could ask for 10**10**9)
-            return FUNCTIONS[head](*(_decode_expr(a, symbols) for a in args), evaluate=False)
+            cls, decoded = FUNCTIONS[head], [_decode_expr(a, symbols) for a in args]
+            # logic takes truth values; Where a truth value and two numbers; the rest numbers
+            logic = issubclass(cls, (sympy.And, sympy.Or, sympy.Not))
+            wanted = [sympy.logic.boolalg.Boolean if logic or (head == "Where" and i == 0) else sympy.Expr for i in range(len(decoded))]
+            if not all(isinstance(a, w) for a, w in zip(decoded, wanted)):
+                raise _Invalid(f"malformed ortlite metadata: size expression {j!r} mixes numbers and truth values")
+            return cls(*decoded, evaluate=False)
     raise _Invalid(f"malformed ortlite metadata: size expression {j!r}")
+
+
+def _bounded(e, j):
+    """e, if every value in it fits in MAX_BITS for sizes that fit in int64 (nested powers
+    of a file's expressions could ask for numbers that take hours to compute)."""
+    if _bits(e) > MAX_BITS:
+        raise _Invalid(f"malformed ortlite metadata: size expression {str(j)[:200]} (values past {MAX_BITS} bits)")
+    return e
+
+
+def _bits(e) -> int:
+    """An upper bound on the bits of e's value and of every value computed on the way."""
+    if isinstance(e, sympy.Integer):
+        return max(1, abs(int(e)).bit_length())
+    if isinstance(e, sympy.Rational):
+        return _bits(sympy.Integer(e.p)) + _bits(sympy.Integer(e.q))
+    if isinstance(e, (sympy.Symbol, sympy.Float)) or not e.args:
+        return 64 if isinstance(e, sympy.Symbol) else 1100  # a size; a double's integer part
+    bits = [_bits(a) for a in e.args]
+    if max(bits) > MAX_BITS:
+        return max(bits)
+    name = type(e).__name__
+    if name in POWERS:  # the exponent: an int of at most MAX_EXPONENT (checked when decoded)
+        return bits[0] * max(1, abs(int(e.args[1])))
+    if name == "LShift":
+        return bits[0] + int(e.args[1])
+    if name == "Mul":
+        return sum(bits)
+    return max(bits) + len(bits)  # sums, quotients, minima, comparisons: no larger than this
 
 
 def _check_graph(model: onnx.ModelProto, inputs: list[InputSpec], ort_outputs: list[InputSpec], pattern_key) -> None:
@@ -434,14 +523,78 @@ def _to_torch(tensor: onnx.TensorProto, spec: InputSpec) -> torch.Tensor:
     return torch.from_numpy(np.array(array)).to(spec.device or "cpu")
 
 
+# defaultdict factories a file may name: builtins only (torch's own decoder imports any module)
+DEFAULT_FACTORIES = {name: getattr(builtins, name) for name in ("list", "dict", "set", "int", "float", "str", "tuple", "bool")}
+_leaf = getattr(pytree, "treespec_leaf", pytree.LeafSpec)  # (LeafSpec is deprecated from torch 2.10)
+KEYED = {dict, collections.OrderedDict, collections.defaultdict, immutable_dict}  # context: the keys, one per child
+UNKEYED = {tuple, list, torch.Size, immutable_list}  # context: null
+
+
 def _treespec(text, what: str):
+    """A pytree spec from torch's treespec_dumps JSON, decoded here rather than by torch's
+    treespec_loads, which imports modules the text names (enum keys, defaultdict factories).
+    Node types must already be registered with pytree in this process; nothing is imported."""
     try:
-        spec = pytree.treespec_loads(text)
-    except Exception as e:
-        raise _Invalid(
-            f"its {what} structure cannot be read ({type(e).__name__}: {e}); if it names a pytree type "
-            "(e.g. a transformers ModelOutput), import the module that registers it before ortlite.load"
-        ) from None
+        protocol, node = json.loads(text)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise _Invalid(f"its {what} structure cannot be read ({type(e).__name__}: {e})") from None
+    if protocol != 1:
+        raise _Invalid(f"its {what} structure is in pytree protocol {protocol!r}; ortlite reads protocol 1")
+    spec = _tree_node(node, what)
     if what == "arguments" and not (spec.type is tuple and spec.num_children == 2):
         raise _Invalid(f"its {what} structure {spec} is not (args, kwargs)")
     return spec
+
+
+def _tree_node(node, what: str):
+    if not isinstance(node, dict) or set(node) != {"type", "context", "children_spec"} or not isinstance(node["children_spec"], list):
+        raise _Invalid(f"malformed {what} structure: {str(node)[:200]}")
+    name, context, children = node["type"], node["context"], node["children_spec"]
+    if name is None:
+        if context is not None or children:
+            raise _Invalid(f"malformed {what} structure: a leaf with a context or children")
+        return _leaf()
+    typ = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name) if isinstance(name, str) else None
+    if typ is None or name == pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
+        raise _Invalid(
+            f"its {what} structure names the type {str(name)[:200]!r}, which is not registered with pytree; if it is a "
+            "pytree type (e.g. a transformers ModelOutput), import the module that registers it before ortlite.load"
+        )
+    n = len(children)
+    if typ is collections.defaultdict:
+        if not isinstance(context, dict) or set(context) != {"default_factory_module", "default_factory_name", "dict_context"}:
+            raise _Invalid(f"malformed {what} structure: defaultdict context {str(context)[:200]}")
+        factory = DEFAULT_FACTORIES.get(context["default_factory_name"]) if context["default_factory_module"] == "builtins" else None
+        if factory is None:
+            raise _Invalid(
+                f"its {what} structure asks for a defaultdict of {context['default_factory_module']!r}.{context['default_factory_name']!r}: "
+                f"ortlite.load makes only builtin factories ({', '.join(DEFAULT_FACTORIES)})"
+            )
+        keys = context["dict_context"]
+        context = [factory, keys]
+    elif typ is pytree.namedtuple:  # the class is named, and must be registered here
+        keys = None
+        fields = getattr(pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(context) if isinstance(context, str) else None, "_fields", None)
+        if fields is None or len(fields) != n:
+            raise _Invalid(f"its {what} structure names the namedtuple {str(context)[:200]!r}, not registered here with {n} fields")
+        context = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[context]
+    elif pytree.SUPPORTED_SERIALIZED_TYPES[typ].from_dumpable_context is not None:
+        raise _Invalid(f"its {what} structure needs {name!r}'s own decoder, which ortlite.load does not run")
+    else:
+        try:
+            if not isinstance(context, str):
+                raise TypeError(f"a context is JSON text, not {type(context).__name__}")
+            context = keys = json.loads(context)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise _Invalid(f"malformed {what} structure: the context of {name} ({type(e).__name__}: {e})") from None
+        if "__enum__" in json.dumps(context):  # an enum member: torch decodes it by importing its module
+            raise _Invalid(f"its {what} structure has an enum in the context of {name}: ortlite.load does not import its module")
+    if typ in KEYED:
+        scalar = (str, int, float, bool, type(None))
+        if not (isinstance(keys, list) and len(keys) == n and all(isinstance(k, scalar) for k in keys) and len(set(map(repr, keys))) == n):
+            raise _Invalid(f"malformed {what} structure: {name} keys {str(keys)[:200]} for {n} values")
+    elif typ in UNKEYED and context is not None:
+        raise _Invalid(f"malformed {what} structure: {name} with the context {str(context)[:200]}")
+    elif typ is collections.deque and not (context is None or (type(context) is int and context >= n)):
+        raise _Invalid(f"malformed {what} structure: a deque of {n} with maxlen {context!r}")
+    return pytree.TreeSpec(typ, context, [_tree_node(c, what) for c in children])

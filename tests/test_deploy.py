@@ -1,5 +1,6 @@
 """Deploying: CompiledModel.save / ortlite.load, ortlite.explain, ONNX Runtime's log."""
 
+import copy
 import json
 import os
 import re
@@ -219,7 +220,7 @@ def _int_index(metadata) -> int:
         # a failure flag is read as one byte of a 0-d CPU bool: not a bool tensor of 3 (or 0)
         (lambda m: m.update(failures=[[0, "boom", False]]), "failure output 0"),
         # sizes code writes s**e as e multiplications
-        (lambda m: m["inputs"][0].update(shape=[["Pow", ["Add", 1, 2], 2**62]]), "exponent past 64"),
+        (lambda m: m["inputs"][0].update(shape=[["Pow", ["Add", 1, 2], 2**62]]), "second argument must be an int in \\[-64, 64\\]"),
     ],
     ids=["scalar_dtype", "scalar_device", "failure_flag", "power"],
 )
@@ -398,3 +399,145 @@ def test_onnxruntime_log_stays_off_stderr(capfd, caplog):
     logged = " ".join(r.getMessage() for r in caplog.records if r.name == "ortlite")
     for text in ("aten.erf.default runs in torch (ONNX Runtime has no kernel", "aten.sin.default runs in torch", "aten.index_select", "no lowering"):
         assert text in logged, logged
+
+
+# ---------------------------------------------------------------- a saved file is hostile input
+
+
+def test_load_fuzz_10000_mutations():
+    """tests/load_fuzz.py: 10,000 mutated files (metadata and ONNX structure); in a process of
+    its own, so a crash or a hang fails this test with the case that caused it."""
+    script = os.path.join(os.path.dirname(__file__), "load_fuzz.py")
+    done = subprocess.run([sys.executable, "-W", "ignore", script, "--cases", "10000"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and done.stdout.startswith("ok 10000 cases"), done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _saved_with_spec(tmp_path, key, spec) -> str:
+    path = _saved_mlp(tmp_path)
+    _rewrite_metadata(path, lambda m: m.update({key: json.dumps(spec)}))
+    return path
+
+
+LEAF = {"type": None, "context": None, "children_spec": []}
+PLANTED = "ortlite_planted_module"  # a module on sys.path that records being imported
+
+
+@pytest.mark.parametrize(
+    "spec,problem",
+    [
+        # torch's treespec_loads imports the factory's module, and the enum's
+        ([1, {"type": "collections.defaultdict", "context": {"default_factory_module": PLANTED, "default_factory_name": "f", "dict_context": ["a"]}, "children_spec": [LEAF]}], "only builtin factories"),
+        ([1, {"type": "builtins.dict", "context": json.dumps([{"__enum__": True, "fqn": PLANTED + ":E", "name": "A"}]), "children_spec": [LEAF]}], "enum"),
+        ([1, {"type": PLANTED + ".Out", "context": "null", "children_spec": [LEAF]}], "not registered with pytree"),
+        ([1, {"type": "collections.namedtuple", "context": PLANTED + ".P", "children_spec": [LEAF]}], "namedtuple"),
+        ([1, {"type": "builtins.dict", "context": '["a", "a"]', "children_spec": [LEAF, LEAF]}], "keys"),
+        ([1, {"type": "collections.deque", "context": "1", "children_spec": [LEAF, LEAF]}], "maxlen"),
+        ([2, LEAF], "protocol 2"),
+    ],
+    ids=["defaultdict", "enum", "type", "namedtuple", "duplicate_keys", "deque", "protocol"],
+)
+def test_load_imports_nothing_a_pytree_spec_names(tmp_path, monkeypatch, spec, problem):
+    (tmp_path / f"{PLANTED}.py").write_text("import builtins\nbuiltins.ortlite_planted_imported = True\nf = list\nclass E: A = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = _saved_with_spec(tmp_path, "out_spec", spec)
+    with pytest.raises(ValueError, match=f"^ortlite.load: {path}: .*{problem}"):
+        ortlite.load(path)
+    assert PLANTED not in sys.modules and not hasattr(__builtins__ if isinstance(__builtins__, dict) else vars(__builtins__), "ortlite_planted_imported")
+
+
+def test_load_reads_nothing_outside_the_folder(tmp_path, monkeypatch):
+    """External data anywhere but the graph's initializers (a Constant node's value, a
+    subgraph's initializer: ONNX Runtime resolves those against the working directory) is
+    refused; so is an initializer's path that leaves the folder."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "secret.bin").write_bytes(bytes(range(256)) * 4)
+    monkeypatch.chdir(tmp_path)  # where ONNX Runtime would find "secret.bin"
+    path = _saved_mlp(folder)
+    base = onnx.load(path)
+
+    def constant(model):
+        tensor = onnx.helper.make_tensor("c", onnx.TensorProto.FLOAT, [10], bytes(40), raw=True)
+        onnx.external_data_helper.set_external_data(tensor, "secret.bin")
+        tensor.ClearField("raw_data")
+        model.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["c"], value=tensor))
+        model.graph.node.append(onnx.helper.make_node("Add", [model.graph.output[0].name, "c"], ["out2"]))
+        model.graph.output[0].name = "out2"
+
+    def subgraph(model):
+        inner = onnx.helper.make_tensor("inner", onnx.TensorProto.FLOAT, [1], bytes(4), raw=True)
+        onnx.external_data_helper.set_external_data(inner, "secret.bin")
+        inner.ClearField("raw_data")
+        branch = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["inner"], ["o"])], "b", [], [onnx.helper.make_tensor_value_info("o", 1, [1])], [inner])
+        cond = onnx.helper.make_tensor("cond", onnx.TensorProto.BOOL, [], [True])
+        model.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["cond"], value=cond))
+        model.graph.node.insert(1, onnx.helper.make_node("If", ["cond"], ["unused"], then_branch=branch, else_branch=branch))
+
+    def initializer(model):
+        tensor = model.graph.initializer[0]
+        onnx.external_data_helper.set_external_data(tensor, "../secret.bin")
+        tensor.ClearField("raw_data")
+
+    for change, problem in ((constant, "keeps its data in a file, and only the graph's initializers may"), (subgraph, "keeps its data in a file"), (initializer, "cannot read its external data")):
+        model = copy.deepcopy(base)
+        change(model)
+        onnx.save(model, path)
+        with pytest.raises(ValueError, match=f"^ortlite.load: {path}: .*{problem}"):
+            ortlite.load(path)
+
+
+@pytest.mark.parametrize(
+    "expression,problem",
+    [
+        (["PowByNatural", "s0", 2**62], "second argument must be an int in \\[-64, 64\\]"),
+        (["FloatPow", "s0", 100], "second argument"),
+        (["LShift", 1, 2**40], "second argument"),
+        (["RoundDecimal", "s0", -(2**63)], "second argument"),
+        (["Pow", ["Pow", ["Pow", ["Pow", "s0", 64], 64], 64], 64], "past 4096 bits"),
+        (["FloorDiv", "s0", 0], "divides by 0"),
+        (["Add", "s0", True], "mixes numbers and truth values"),
+    ],
+    ids=["pow_by_natural", "float_pow", "shift", "round", "nested_powers", "zero_divisor", "mixed"],
+)
+def test_size_expressions_that_would_hang_or_fail_every_call_are_refused(tmp_path, expression, problem):
+    path = tmp_path / "positive.onnx"
+    ortlite.compile(Positive(), (torch.randn(3), 2), dynamic_shapes={"x": None, "n": Dim.DYNAMIC}).save(path)
+
+    def guard(m):
+        (name,) = m["symbols"]
+        m["guards"] = [["StrictLessThan", json.loads(json.dumps(expression).replace('"s0"', json.dumps(name))), 5]]
+
+    _rewrite_metadata(path, guard)
+    with pytest.raises(ValueError, match=f"^ortlite.load: {path}: .*{problem}"):
+        ortlite.load(path)
+
+
+class Halves(torch.nn.Module):
+    def forward(self, x):
+        return x[:, ::2] * 2
+
+
+@pytest.mark.parametrize(
+    "size,problem",
+    [
+        (["FloorDiv", "SYM", ["Add", "SYM", -7]], "cannot compute its sizes for these arguments \\(ZeroDivisionError"),
+        (["Add", "SYM", -100], "its output 0 would have the shape \\(2, -93\\)"),
+        (["Mul", "SYM", 2**61], "its output 0 would have the shape"),
+    ],
+    ids=["zero_division", "negative", "overflow"],
+)
+def test_size_expressions_a_call_cannot_evaluate_raise_a_named_error(tmp_path, size, problem):
+    """What load cannot rule out (a divisor that is 0 only for some sizes, an output size that
+    is negative or past int64 only for some) is a ValueError naming the graph at that call."""
+    path = tmp_path / "halves.onnx"
+    compiled = ortlite.compile(Halves(), (torch.randn(2, 6),), dynamic_shapes=({1: Dim("c", min=3)},))
+    compiled.save(path)
+
+    def change(m):
+        (name,) = m["symbols"]
+        m["ort_outputs"][0]["shape"][1] = json.loads(json.dumps(size).replace('"SYM"', json.dumps(name)))
+
+    _rewrite_metadata(path, change)
+    loaded = ortlite.load(path)
+    with pytest.raises(ValueError, match=f"ortlite graph aot: {problem}"):
+        loaded(torch.randn(2, 7))
