@@ -1,0 +1,207 @@
+"""Options(quantize=...): ONNX Runtime's integer kernels against the scheme's own math done
+in float64 (exactness of the scheme, not only closeness to float32), on odd shapes; whole
+models against float32; saved files."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import ortlite
+from ortlite.lower.quantize import INT4_BLOCK
+
+# ---------------------------------------------------------------- the scheme, in float64
+
+
+def quantize_weight_int8(w: np.ndarray):
+    """w (N, K) as a Linear holds it -> codes (K, N) int8 and scales (N,) float32:
+    symmetric per output channel, scale = max|w| / 127, round half to even."""
+    scale = (np.abs(w.astype(np.float64)).max(axis=1) / 127).astype(np.float32)
+    codes = np.clip(np.rint(w.astype(np.float64).T / np.where(scale == 0, 1, scale)), -127, 127)
+    return codes.astype(np.int64), scale
+
+
+def dynamic_quantize_linear(x: np.ndarray):
+    """ONNX DynamicQuantizeLinear as ONNX Runtime computes it (float32 arithmetic): uint8,
+    range widened to hold 0, scale = (max - min) / 255, zero point round(-min / scale),
+    codes saturate(round_half_even(x / scale) + zero point)."""
+    x = x.astype(np.float32)
+    low, high = min(np.float32(0), x.min()), max(np.float32(0), x.max())
+    scale = np.float32((high - low) / np.float32(255))
+    zero = np.clip(np.rint(np.float32(0) - low / scale), 0, 255) if scale else np.float32(0)
+    codes = np.clip(np.rint(x / scale) + zero, 0, 255) if scale else np.zeros_like(x) + zero
+    return codes.astype(np.int64), np.float64(scale), int(zero)
+
+
+def int8_reference(x: np.ndarray, w: np.ndarray, bias):
+    """(float64 result, float64 bound of float32 rounding per element)."""
+    codes, w_scale = quantize_weight_int8(w)
+    x_codes, x_scale, x_zero = dynamic_quantize_linear(x)
+    product = (x_codes - x_zero) @ codes  # exact, int64
+    y = product * (x_scale * w_scale.astype(np.float64))
+    b = np.zeros(w.shape[0]) if bias is None else bias.astype(np.float64)
+    return y + b, 4e-7 * (np.abs(y) + np.abs(b)) + 1e-30
+
+
+def quantize_weight_int4(w: np.ndarray):
+    """w (N, K) -> dequantized float64 blocks (N, blocks, INT4_BLOCK) as (code - 8) * scale:
+    per block of INT4_BLOCK along K (zero padded), the value of largest magnitude maps to
+    code 0 (scale = it / -8), codes round half to even, clipped to 0..15."""
+    n, k = w.shape
+    blocks = -(-k // INT4_BLOCK)
+    padded = np.zeros((n, blocks * INT4_BLOCK))
+    padded[:, :k] = w
+    padded = padded.reshape(n, blocks, INT4_BLOCK)
+    index = np.abs(padded).argmax(axis=-1)
+    scale = (np.take_along_axis(padded, index[..., None], -1)[..., 0] / -8).astype(np.float32).astype(np.float64)
+    codes = np.clip(np.rint(padded / np.where(scale == 0, 1, scale)[..., None]), -8, 7)
+    return codes, scale
+
+
+def int4_reference(x: np.ndarray, w: np.ndarray, bias):
+    """MatMulNBits at accuracy_level 4: the left operand quantized to int8 per block of K
+    (symmetric: scale = max|a| / 127, codes round(a * 127 / max|a|)), integer products
+    per block, each scaled by both blocks' scales, summed."""
+    codes, scale = quantize_weight_int4(w)  # (N, B, L), (N, B)
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float32)
+    n, blocks, length = codes.shape
+    a = np.zeros((rows.shape[0], blocks * length), np.float32)
+    a[:, : rows.shape[1]] = rows
+    a = a.reshape(-1, blocks, length)
+    amax = np.abs(a).max(axis=-1)
+    a_scale = (amax / np.float32(127)).astype(np.float32)
+    inverse = np.where(amax != 0, np.float32(127) / np.where(amax == 0, 1, amax), 0).astype(np.float32)
+    a_codes = np.rint((a * inverse[..., None]).astype(np.float32)).astype(np.float64)
+    dots = np.einsum("mbl,nbl->mnb", a_codes, codes)  # exact
+    scales = a_scale.astype(np.float64)[:, None, :] * np.abs(scale)[None, :, :]
+    y = (dots * scales * np.sign(scale)[None]).sum(-1)
+    b = np.zeros(n) if bias is None else bias.astype(np.float64)
+    # the kernel sums codes 0..15 and takes 8 times the block's sum of A's codes away: its
+    # float32 rounding is of those terms' size
+    magnitudes = np.einsum("mbl,nbl->mnb", np.abs(a_codes), np.abs(codes) + 8) * scales
+    bound = 1e-6 * (magnitudes.sum(-1) + np.abs(b)) + 1e-30
+    return (y + b).reshape(*x.shape[:-1], n), bound.reshape(*x.shape[:-1], n)
+
+
+# ---------------------------------------------------------------- the kernels
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, k, n, bias=True):
+        super().__init__()
+        self.linear = torch.nn.Linear(k, n, bias=bias)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def _ops(compiled) -> list[str]:
+    return [n.op_type for n in compiled.onnx_model.graph.node]
+
+
+def _assert_exact(got: torch.Tensor, reference):
+    expected, bound = reference
+    assert got.dtype == torch.float32 and tuple(got.shape) == expected.shape
+    error = np.abs(got.numpy().astype(np.float64) - expected)
+    worst = np.unravel_index(np.argmax(error / bound), error.shape)
+    assert (error <= bound).all(), f"off by {error[worst]:.3g} (allowed {bound[worst]:.3g}) at {worst}"
+
+
+SHAPES = [(1, 50), (7, 50), (300, 50), (2, 3, 50), (1, 1, 96), (4, 96)]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_int8_is_the_scheme_exactly(shape, bias):
+    torch.manual_seed(0)
+    model = Linear(shape[-1], 24, bias).eval()
+    x = torch.randn(shape)
+    compiled = ortlite.compile(model, (x,), options={"quantize": "int8"})
+    assert _ops(compiled) == ["DynamicQuantizeMatMul"]  # the bias inside, the weight's Transpose folded
+    [product] = compiled._lowered.quantized
+    assert (product.kernel, product.k, product.n) == ("int8", shape[-1], 24)
+    w = model.linear.weight.detach().numpy()
+    b = model.linear.bias.detach().numpy() if bias else None
+    for trial in range(3):
+        x = torch.randn(shape) * (10.0 ** (trial - 1))
+        _assert_exact(compiled(x), int8_reference(x.numpy(), w, b))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 50), (1, 1, 96), (1, 200)], ids=str)
+def test_int4_at_one_row_is_the_scheme_exactly(shape, bias):
+    torch.manual_seed(1)
+    model = Linear(shape[-1], 40, bias).eval()  # K 50 and 200: not whole blocks
+    x = torch.randn(shape)
+    compiled = ortlite.compile(model, (x,), options={"quantize": "int4"})
+    assert _ops(compiled) == ["MatMulNBits"]
+    assert compiled._lowered.quantized[0].kernel == "int4"
+    w = model.linear.weight.detach().numpy()
+    b = model.linear.bias.detach().numpy() if bias else None
+    for trial in range(3):
+        x = torch.randn(shape) * (10.0 ** (trial - 1))
+        _assert_exact(compiled(x), int4_reference(x.numpy(), w, b))
+
+
+def test_int4_with_more_rows_runs_int8():
+    torch.manual_seed(2)
+    model = Linear(50, 24).eval()
+    x = torch.randn(2, 3, 50)
+    compiled = ortlite.compile(model, (x,), options={"quantize": "int4"})
+    assert _ops(compiled) == ["DynamicQuantizeMatMul"]
+    _assert_exact(compiled(x), int8_reference(x.numpy(), model.linear.weight.detach().numpy(), model.linear.bias.detach().numpy()))
+
+
+def test_int4_with_symbolic_rows_chooses_per_call():
+    torch.manual_seed(3)
+    model = Linear(50, 24).eval()
+    rows = torch.export.Dim("rows", min=1, max=64)
+    compiled = ortlite.compile(model, (torch.randn(5, 50),), dynamic_shapes=({0: rows},), options={"quantize": "int4"})
+    assert "If" in _ops(compiled) and compiled._lowered.quantized[0].kernel.startswith("int4 at <= 1 row")
+    w, b = model.linear.weight.detach().numpy(), model.linear.bias.detach().numpy()
+    one, many = torch.randn(1, 50), torch.randn(9, 50)
+    _assert_exact(compiled(one), int4_reference(one.numpy(), w, b))
+    _assert_exact(compiled(many), int8_reference(many.numpy(), w, b))
+
+
+class Products(torch.nn.Module):
+    """A weight read as it is (x @ W), a weight two products share, and an attention-like
+    product of two activations (stays float)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(40, 40) / 8)
+        self.shared = torch.nn.Linear(40, 40)
+
+    def forward(self, x):
+        h = x @ self.w
+        h = self.shared(torch.relu(self.shared(h)))
+        return torch.softmax(h @ h.transpose(-1, -2), -1) @ h
+
+
+def test_which_products_are_quantized():
+    torch.manual_seed(4)
+    model = Products().eval()
+    x = torch.randn(2, 6, 40)
+    compiled = ortlite.compile(model, (x,), options={"quantize": "int8"})
+    ops = _ops(compiled)
+    assert ops.count("DynamicQuantizeMatMul") == 3 and ops.count("MatMul") == 2  # x @ W, the Linear twice; QK and PV float
+    weights = {t.name: t for t in compiled.onnx_model.graph.initializer}
+    assert not any(t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2 for t in weights.values())  # no float copy kept
+    assert sum(t.data_type == onnx.TensorProto.INT8 for t in weights.values()) == 2  # the shared Linear's once
+    expected = model(x)
+    got = compiled(x)
+    assert torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0) > 0.999
+
+
+def test_none_changes_nothing():
+    torch.manual_seed(5)
+    model = Products().eval()
+    x = torch.randn(2, 6, 40)
+    plain = ortlite.compile(model, (x,))
+    none = ortlite.compile(model, (x,), options={"quantize": None})
+    assert none.onnx_model.SerializeToString() == plain.onnx_model.SerializeToString()
+    assert none._lowered.quantized == []
+    torch.testing.assert_close(none(x), model(x), rtol=1e-5, atol=1e-5)
