@@ -205,3 +205,103 @@ def test_none_changes_nothing():
     assert none.onnx_model.SerializeToString() == plain.onnx_model.SerializeToString()
     assert none._lowered.quantized == []
     torch.testing.assert_close(none(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- whole models, saved files
+
+
+def _bert():
+    import transformers
+
+    config = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=1000)
+    return transformers.BertModel(config).eval(), (torch.randint(0, 1000, (2, 16)),)
+
+
+class _LogitsOf(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+def _llama(tokens):
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=2000
+    )
+    return _LogitsOf(transformers.LlamaForCausalLM(config)).eval(), (torch.randint(0, 2000, (1, tokens)),)
+
+
+def _first(out):
+    return out if isinstance(out, torch.Tensor) else out["last_hidden_state"] if isinstance(out, dict) else out[0]
+
+
+def _cosine(a, b) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
+
+
+@pytest.mark.parametrize(
+    "build,products,kernels",
+    [
+        (_bert, 13, {"int8": {"int8"}, "int4": {"int8"}}),  # 12 in the layers at 2x16 rows; the pooler at 2 rows
+        (lambda: _llama(1), 15, {"int8": {"int8"}, "int4": {"int4"}}),  # 7 a layer and the LM head, at 1 row
+        (lambda: _llama(12), 15, {"int8": {"int8"}, "int4": {"int8"}}),
+    ],
+    ids=["bert", "llama-1-token", "llama-12-tokens"],
+)
+def test_whole_models_close_to_float32(build, products, kernels):
+    pytest.importorskip("transformers")
+    torch.manual_seed(6)
+    model, args = build()
+    with torch.no_grad():
+        expected = _first(model(*args))
+        plain = ortlite.compile(model, args)
+        torch.testing.assert_close(_first(plain(*args)), expected, rtol=1e-4, atol=1e-4)
+        for mode, least in (("int8", 0.999), ("int4", 0.95)):
+            compiled = ortlite.compile(model, args, options={"quantize": mode})
+            quantized = compiled._lowered.quantized
+            assert len(quantized) == products and {q.kernel for q in quantized} == kernels[mode]
+            # (int4's error is int4's only where its kernel runs)
+            assert _cosine(_first(compiled(*args)), expected) > (least if "int4" in kernels[mode] else 0.999), mode
+
+
+def _linear_stack():
+    torch.manual_seed(7)
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 2000)
+    ).eval()
+
+
+@pytest.mark.parametrize("mode,most", [("int8", 0.35), ("int4", 0.25)])
+def test_saved_file_keeps_quantized_weights(tmp_path, mode, most):
+    import onnxruntime
+
+    model, x = _linear_stack(), torch.randn(1, 256)
+    plain = ortlite.compile(model, (x,))
+    plain.save(tmp_path / "f32.onnx")
+    compiled = ortlite.compile(model, (x,), options={"quantize": mode})
+    compiled.save(tmp_path / f"{mode}.onnx")
+    ratio = (tmp_path / f"{mode}.onnx").stat().st_size / (tmp_path / "f32.onnx").stat().st_size
+    assert ratio <= most, ratio
+    loaded = ortlite.load(tmp_path / f"{mode}.onnx")
+    for trial in range(2):
+        x = torch.randn(1, 256)
+        assert torch.equal(loaded(x), compiled(x))
+    assert sum(n.domain == "com.microsoft" for n in loaded.onnx_model.graph.node) == 3
+    session = onnxruntime.InferenceSession(str(tmp_path / f"{mode}.onnx"), providers=["CPUExecutionProvider"])  # plain onnxruntime
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), compiled(x), rtol=1e-5, atol=1e-5)
+
+
+def test_saved_file_with_symbolic_rows(tmp_path):
+    model = _linear_stack()
+    rows = torch.export.Dim("rows", min=1, max=64)
+    compiled = ortlite.compile(model, (torch.randn(4, 256),), dynamic_shapes=({0: rows},), options={"quantize": "int4"})
+    compiled.save(tmp_path / "int4.onnx")
+    loaded = ortlite.load(tmp_path / "int4.onnx")
+    for n in (1, 5):
+        x = torch.randn(n, 256)
+        assert torch.equal(loaded(x), compiled(x))
