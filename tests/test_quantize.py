@@ -305,3 +305,46 @@ def test_saved_file_with_symbolic_rows(tmp_path):
     for n in (1, 5):
         x = torch.randn(n, 256)
         assert torch.equal(loaded(x), compiled(x))
+
+
+# ---------------------------------------------------------------- torch.compile: frozen weights
+
+
+@pytest.mark.parametrize("mode,rows", [("int8", 3), ("int4", 1), ("int4", 3)])
+def test_torch_compile_quantizes_frozen_weights_at_session_build(mode, rows):
+    torch.manual_seed(8)
+    model = Linear(50, 24).eval()
+    backend = ortlite.Backend(ortlite.Options(quantize=mode))
+    compiled = torch.compile(model, backend=backend)
+    reference = int4_reference if mode == "int4" and rows == 1 else int8_reference
+    x = torch.randn(rows, 50)
+    for change in range(2):  # the second time, from the weights' new values (a new session)
+        with torch.no_grad():
+            if change:
+                model.linear.weight.mul_(-3)
+            got = compiled(x)
+        w, b = model.linear.weight.detach().numpy(), model.linear.bias.detach().numpy()
+        _assert_exact(got, reference(x.numpy(), w, b))
+    [runner] = backend._runners
+    assert [q.kernel for q in runner.quantized] == ["int4" if reference is int4_reference else "int8"]
+
+
+def test_torch_compile_with_grad_is_not_quantized():
+    torch.manual_seed(9)
+    model = Linear(50, 24)
+    backend = ortlite.Backend(ortlite.Options(quantize="int8"))
+    x = torch.randn(3, 50)
+    got = torch.compile(model, backend=backend)(x)
+    assert all(not getattr(r, "quantized", []) for r in backend._runners)
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_explain_lists_quantized_products():
+    torch.manual_seed(10)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).eval()
+    with torch.no_grad():
+        explanation = ortlite.explain(model, torch.randn(1, 64), options={"quantize": "int4"})
+    text = explanation.table(fusions=True)
+    assert "quantized (2 product(s)" in text
+    assert ".0  64 x 128  int4" in text and ".2  128 x 10  int4" in text
+    assert "DynamicQuantizeMatMul" not in text  # (fusions: ONNX Runtime kept the int4 kernels)

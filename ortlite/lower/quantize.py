@@ -59,9 +59,10 @@ FROZEN_STUB = "ortlite-frozen-weight"  # the external-data location of values bo
 class QuantizedProduct:
     node: str  # the ONNX node's name (its FX origin: LoweredGraph.node_origin)
     weight: str  # the float weight's name (initializer or frozen graph input)
-    kernel: str  # "int8", "int4", or "int4 at 1 row, else int8" (symbolic rows)
+    kernel: str  # "int8", "int4", or "int4 at <= 1 row(s), else int8" (symbolic rows)
     k: int
     n: int
+    origin: str = ""  # the FX node it was lowered from
 
 
 def derive(form: str, weight: np.ndarray, transposed: bool) -> np.ndarray:
@@ -91,9 +92,21 @@ def derive(form: str, weight: np.ndarray, transposed: bool) -> np.ndarray:
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
 
 
-def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: set[str] = frozenset()):
+def derived_values(derived: dict, weights: dict) -> dict:
+    """stub name -> CPU tensor of each quantized form in derived (quantize_products'), from
+    weights (frozen input name -> tensor)."""
+    import torch
+
+    return {
+        name: torch.from_numpy(np.ascontiguousarray(derive(form, weights[weight].detach().cpu().numpy(), transposed)))
+        for name, (weight, form, transposed) in derived.items()
+    }
+
+
+def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: set[str] = frozenset(), origin: dict | None = None):
     """Rewrites graph in place (see the module docstring). known: value name -> (torch dtype,
-    shape) of the values lowering made; frozen: names of graph inputs that are frozen weights.
+    shape) of the values lowering made; frozen: names of graph inputs that are frozen weights;
+    origin: ONNX node name -> FX node name.
     Returns (what was quantized: [QuantizedProduct], derived: stub name -> (weight, form,
     transposed) for frozen weights)."""
     import torch
@@ -193,7 +206,7 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
         replaced[id(node)] = new
         if removed is not None:
             replaced[id(removed)] = []
-        quantized.append(QuantizedProduct(node.name, weight, kernel, k, n))
+        quantized.append(QuantizedProduct(node.name, weight, kernel, k, n, (origin or {}).get(node.name, "")))
     if not replaced:
         return [], {}
     nodes = live_nodes([m for n in graph.node for m in replaced.get(id(n), [n])], outputs)
