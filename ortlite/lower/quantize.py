@@ -177,7 +177,8 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
         out, removed = node.output[0], None
         if node.op_type == "MatMul" and (add := only_user(out, "Add")) is not None:  # a linear's bias, after fold_flattening_reshapes
             other = add.input[1] if add.input[0] == out else add.input[0]
-            if other in initializers and _is_vector(other, n, known, initializers):  # (a value made later would be read too early)
+            # an initializer or graph input (frozen weights are): a value made later would be read too early
+            if (other in initializers or other in input_dims) and _is_vector(other, n, known, initializers):
                 bias, out, removed = other, add.output[0], add
         int8 = lambda out: _node(  # noqa: E731
             "DynamicQuantizeMatMul", [a, value(weight, "int8", transposed), value(weight, "int8_scale", transposed), "", bias], out, node.name
