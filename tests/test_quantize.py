@@ -109,6 +109,7 @@ def _assert_exact(got: torch.Tensor, reference):
     assert (error <= bound).all(), f"off by {error[worst]:.3g} (allowed {bound[worst]:.3g}) at {worst}"
 
 
+INT8_OPS = ["DynamicQuantizeLinear", "MatMulIntegerToFloat"]
 SHAPES = [(1, 50), (7, 50), (300, 50), (2, 3, 50), (1, 1, 96), (4, 96)]
 
 
@@ -119,7 +120,7 @@ def test_int8_is_the_scheme_exactly(shape, bias):
     model = Linear(shape[-1], 24, bias).eval()
     x = torch.randn(shape)
     compiled = ortlite.compile(model, (x,), options={"quantize": "int8"})
-    assert _ops(compiled) == ["DynamicQuantizeMatMul"]  # the bias inside, the weight's Transpose folded
+    assert _ops(compiled) == INT8_OPS  # the bias inside, the weight's Transpose folded
     [product] = compiled._lowered.quantized
     assert (product.kernel, product.k, product.n) == ("int8", shape[-1], 24)
     w = model.linear.weight.detach().numpy()
@@ -150,7 +151,7 @@ def test_int4_with_more_rows_runs_int8():
     model = Linear(50, 24).eval()
     x = torch.randn(2, 3, 50)
     compiled = ortlite.compile(model, (x,), options={"quantize": "int4"})
-    assert _ops(compiled) == ["DynamicQuantizeMatMul"]
+    assert _ops(compiled) == INT8_OPS
     _assert_exact(compiled(x), int8_reference(x.numpy(), model.linear.weight.detach().numpy(), model.linear.bias.detach().numpy()))
 
 
@@ -187,7 +188,7 @@ def test_which_products_are_quantized():
     x = torch.randn(2, 6, 40)
     compiled = ortlite.compile(model, (x,), options={"quantize": "int8"})
     ops = _ops(compiled)
-    assert ops.count("DynamicQuantizeMatMul") == 3 and ops.count("MatMul") == 2  # x @ W, the Linear twice; QK and PV float
+    assert ops.count("MatMulIntegerToFloat") == 3 and ops.count("MatMul") == 2  # x @ W, the Linear twice; QK and PV float
     weights = {t.name: t for t in compiled.onnx_model.graph.initializer}
     assert not any(t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2 for t in weights.values())  # no float copy kept
     assert sum(t.data_type == onnx.TensorProto.INT8 for t in weights.values()) == 2  # the shared Linear's once
@@ -264,6 +265,8 @@ def test_whole_models_close_to_float32(build, products, kernels):
             compiled = ortlite.compile(model, args, options={"quantize": mode})
             quantized = compiled._lowered.quantized
             assert len(quantized) == products and {q.kernel for q in quantized} == kernels[mode]
+            if mode == "int8":  # q, k and v (and gate and up) share their activations' quantization
+                assert 0 < _ops(compiled).count("DynamicQuantizeLinear") < products
             # (int4's error is int4's only where its kernel runs)
             assert _cosine(_first(compiled(*args)), expected) > (least if "int4" in kernels[mode] else 0.999), mode
 
@@ -347,4 +350,16 @@ def test_explain_lists_quantized_products():
     text = explanation.table(fusions=True)
     assert "quantized (2 product(s)" in text
     assert ".0  64 x 128  int4" in text and ".2  128 x 10  int4" in text
-    assert "DynamicQuantizeMatMul" not in text  # (fusions: ONNX Runtime kept the int4 kernels)
+    assert "MatMulIntegerToFloat" not in text  # (fusions: ONNX Runtime kept the int4 kernels)
+
+
+def test_torch_compile_takes_a_frozen_bias_into_the_kernel(tmp_path):
+    torch.manual_seed(11)
+    model = Linear(50, 24).eval()
+    x = torch.randn(2, 3, 50)  # rank 3: MatMul + Add after lowering, the Add's bias a frozen input
+    with torch.no_grad():
+        got = torch.compile(model, backend=ortlite.Backend(ortlite.Options(quantize="int8", dump_dir=str(tmp_path))))(x)
+    [path] = tmp_path.glob("*.onnx")
+    graph = onnx.load(str(path), load_external_data=False).graph
+    assert [n.op_type for n in graph.node] == INT8_OPS and len(graph.node[1].input) == 7  # with the bias
+    _assert_exact(got, int8_reference(x.numpy(), model.linear.weight.detach().numpy(), model.linear.bias.detach().numpy()))
