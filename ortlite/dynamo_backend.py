@@ -70,8 +70,9 @@ class GraphReport:
         ort = collections.Counter(op_name(n) for n in calls if n not in unsupported)
         left = [(op_name(n), reason, source_line(n)) for n, reason in unsupported.items() if n.target is not operator.getitem]
         providers = sorted({p for r in runners for p in r.providers})
-        modules = {n.name: _module_path(n) for n in calls}
-        quantized = [(modules.get(q.origin) or q.origin or q.weight, q) for r in runners for q in getattr(r, "quantized", ())]
+        quantized = [q for r in runners for q in getattr(r, "quantized", ())]
+        modules = {n.name: _module_path(n) for n in calls} if quantized else {}
+        quantized = [(modules.get(q.origin) or q.origin or q.weight, q) for q in quantized]
         return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized)
 
 

@@ -363,3 +363,30 @@ def test_torch_compile_takes_a_frozen_bias_into_the_kernel(tmp_path):
     graph = onnx.load(str(path), load_external_data=False).graph
     assert [n.op_type for n in graph.node] == INT8_OPS and len(graph.node[1].input) == 7  # with the bias
     _assert_exact(got, int8_reference(x.numpy(), model.linear.weight.detach().numpy(), model.linear.bias.detach().numpy()))
+
+
+class NotFitting(torch.nn.Module):
+    """Products that do not fit the pattern exactly stay float: a scaled addmm, a batched
+    (3-D) weight, a weight of float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(24, 40) / 8)
+        self.b = torch.nn.Parameter(torch.randn(24))
+        self.batched = torch.nn.Parameter(torch.randn(2, 24, 24) / 8)
+        self.w64 = torch.nn.Parameter(torch.randn(24, 24, dtype=torch.float64) / 8)
+
+    def forward(self, x):
+        h = torch.addmm(self.b, x, self.w.t(), alpha=0.5)
+        h = torch.bmm(h.expand(2, -1, -1), self.batched)
+        return h, h.double() @ self.w64
+
+
+def test_products_that_do_not_fit_stay_float():
+    torch.manual_seed(12)
+    model = NotFitting().eval()
+    x = torch.randn(5, 40)
+    compiled = ortlite.compile(model, (x,), options={"quantize": "int8"})
+    assert compiled._lowered.quantized == [] and "com.microsoft" not in {n.domain for n in compiled.onnx_model.graph.node}
+    for got, expected in zip(compiled(x), model(x)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
