@@ -139,7 +139,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
             raise CompileError(f"ortlite.compile: unsupported exported input kind {spec.kind} ({spec.target})")
 
     ranges = _ranges_run(program, placeholders)
-    lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable")
+    lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", quantize=options.quantize)
     lowered.guards = _export_guards(placeholders, lowered.symbols)
     mutations = [
         (spec.kind, spec.target if spec.kind == OutputKind.BUFFER_MUTATION else _user_input_index(signature, spec.target))

@@ -62,6 +62,7 @@ class GraphReport:
     torch_ops: list  # (aten op, why, the user's source line or "") per node left to torch
     sessions: list  # names of the runners (one ONNX Runtime session each)
     providers: list  # their execution providers
+    quantized: list = dataclasses.field(default_factory=list)  # Options.quantize: (module path, lower.quantize.QuantizedProduct) per product
 
     @classmethod
     def of(cls, name: str, gm: torch.fx.GraphModule, runners: list, unsupported: dict) -> "GraphReport":
@@ -69,7 +70,16 @@ class GraphReport:
         ort = collections.Counter(op_name(n) for n in calls if n not in unsupported)
         left = [(op_name(n), reason, source_line(n)) for n, reason in unsupported.items() if n.target is not operator.getitem]
         providers = sorted({p for r in runners for p in r.providers})
-        return cls(name, dict(ort), left, [r.name for r in runners], providers)
+        quantized = [q for r in runners for q in getattr(r, "quantized", ())]
+        modules = {n.name: _module_path(n) for n in calls} if quantized else {}
+        quantized = [(modules.get(q.origin) or q.origin or q.weight, q) for q in quantized]
+        return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized)
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    """The module a node came from (e.g. "L['self'].encoder.layer.0.output.dense"), or ""."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack.values()), ("",))[0] if stack else ""
 
 
 class Backend:
@@ -348,6 +358,7 @@ class Backend:
             stable_ties=self.options.sort_ties == "stable",
             hoist_sizes=self.options.size_constants and hoist,
             frozen=frozenset(frozen or ()),
+            quantize=self.options.quantize if frozen else None,  # (inference graphs: their weights' values are known at session build)
         )
         # once frozen weights keep changing: the same graph compiled with them bound
         unfrozen = functools.partial(self._compile, gm, f"{name}_bound", False) if frozen else None
@@ -358,6 +369,7 @@ class Backend:
             runner.disabled_optimizers = lowered.disabled_optimizers
             if frozen:  # which ONNX inputs became initializers
                 runner.frozen_names = {i: lowered.inputs[i].name for i in frozen}
+                runner.quantized, runner.derived_weights = lowered.quantized, lowered.derived_weights
             if runner.size_constants is not None:
                 runner.size_constants.on_sizes_keep_changing = functools.partial(self._without_size_constants, gm, name, runner)
             return runner

@@ -15,14 +15,15 @@ from .options import Options
 from .session import disabled_optimizers_for
 
 
-def explain(fn_or_module, *args, **kwargs) -> "Explanation":
+def explain(fn_or_module, *args, options: Options | dict | None = None, **kwargs) -> "Explanation":
     """Call torch.compile(fn_or_module, backend=<a fresh ortlite Backend>)(*args, **kwargs) once
     and report, per compiled graph, the aten ops that run in ONNX Runtime, those left to torch
-    with the reason and the user's source line, the sessions and their providers.
-    str() of the result is a table; .table(fusions=True) adds what ONNX Runtime's graph
-    optimizations made of each session's model (e.g. MatMul+Add -> Gemm)."""
+    with the reason and the user's source line, the sessions and their providers, and with
+    Options(quantize=...) the products quantized and their kernels. options: the Backend's
+    (its dump_dir is explain's own). str() of the result is a table; .table(fusions=True) adds
+    what ONNX Runtime's graph optimizations made of each session's model (e.g. MatMul+Add -> Gemm)."""
     workdir = tempfile.TemporaryDirectory(prefix="ortlite-explain-")
-    backend = Backend(Options(dump_dir=workdir.name))  # the models, for fusions
+    backend = Backend(Options.coerce(options).with_changes(dump_dir=workdir.name))  # the models, for fusions
     torch.compile(fn_or_module, backend=backend)(*args, **kwargs)
     return Explanation(backend, workdir)
 
@@ -58,6 +59,9 @@ class Explanation:
             if g.torch_ops:
                 lines.append("  left to torch (op | why | from):")
                 lines += _columns(g.torch_ops, indent=4)
+            if g.quantized:
+                lines.append(f"  quantized ({len(g.quantized)} product(s); module | K x N | kernel):")
+                lines += _columns([(where, f"{q.k} x {q.n}", q.kernel) for where, q in g.quantized], indent=4)
             if fusions:
                 for session in g.sessions:
                     made = self.fusions().get(session)
@@ -86,7 +90,7 @@ class Explanation:
 
 
 def _optimized_ops(path: str, runner) -> dict:
-    model = onnx.load(path)
+    model = onnx.load(path, load_external_data=False)  # (stubs of quantized frozen weights: bound below)
     frozen = getattr(runner, "frozen_names", {}) if runner is not None else {}
     tensors = runner.frozen_tensors() if frozen else {}
     weights = {frozen[i]: t for i, t in tensors.items() if t is not None and i in frozen}
@@ -97,6 +101,15 @@ def _optimized_ops(path: str, runner) -> dict:
         del model.graph.input[:]
         model.graph.input.extend(kept)
         model.graph.initializer.extend(to_tensor_proto(t.detach().cpu(), name) for name, t in weights.items())
+    derived = getattr(runner, "derived_weights", None)
+    if weights and derived:  # Options.quantize: the quantized forms of frozen weights, as the session had them
+        from .lower.builder import to_tensor_proto
+        from .lower.quantize import derived_values
+
+        values = derived_values(derived, weights)
+        kept = [t for t in model.graph.initializer if t.name not in values]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept + [to_tensor_proto(t, name) for name, t in values.items()])
     so = onnxruntime.SessionOptions()
     so.log_severity_level = 4
     so.optimized_model_filepath = path + ".optimized.onnx"

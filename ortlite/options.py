@@ -10,6 +10,7 @@ import onnxruntime
 
 MIN_OPSET = 18
 DEFAULT_OPSET = 20
+QUANTIZE_MODES = (None, "int8", "int4")
 
 
 def _normalize_providers(field: str, value: Any) -> tuple:
@@ -78,6 +79,14 @@ class Options:
         sizes (see ortlite.lower.hoist). Pays where sizes repeat (a few padded lengths:
         ONNX Runtime's work is then that of a static graph). A graph whose sizes change
         at nearly every call (generate) is compiled again without it after 16 such calls.
+    quantize: None (default: float math as the model has it), "int8" or "int4": the weights
+        of matrix products whose weight is a constant (ortlite.compile's initializers; frozen
+        weights under torch.compile) are quantized, and those products run in ONNX Runtime's
+        integer kernels (see ortlite.lower.quantize). "int8": weights int8, symmetric, per
+        output channel; activations quantized per call (uint8, per tensor). "int4": weights
+        int4 in blocks along K where the call has one row (decode), the int8 kernel where it
+        has more (int4's kernel is slower there). Attention's products, norms, embeddings and
+        the rest stay float.
     """
 
     providers: tuple = ()
@@ -92,6 +101,7 @@ class Options:
     freeze_weights: bool = True
     size_constants: bool = True
     sort_ties: str = "torch"
+    quantize: str | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -106,6 +116,8 @@ class Options:
             raise ValueError(f"Options.fallback must be 'torch' or 'error', got {self.fallback!r}")
         if self.sort_ties not in ("torch", "stable"):
             raise ValueError(f"Options.sort_ties must be 'torch' or 'stable', got {self.sort_ties!r}")
+        if self.quantize not in QUANTIZE_MODES:
+            raise ValueError(f"Options.quantize must be one of {QUANTIZE_MODES}, got {self.quantize!r}")
         transforms = self.model_transforms
         if callable(transforms):
             transforms = (transforms,)

@@ -20,6 +20,7 @@ from .frozen import FrozenWeights, frozen_model_bytes
 from .lower import LoweredGraph, sizes_vary
 from .lower.builder import TORCH_TO_ONNX, sym_expr
 from .lower.hoist import SHAPE, VALUE, WEIGHT
+from .lower.quantize import derived_values
 from .session import current_cuda_stream, disabled_optimizers_for, ort_device
 
 
@@ -80,7 +81,8 @@ def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, fr
     def make_session(weights: dict, stream=None):
         if stream is None:
             stream = current_cuda_stream(devices)
-        weights = {n: t for n, t in weights.items() if n in in_model}
+        derived = derived_values(lowered.derived_weights, weights)  # Options.quantize: from the current values
+        weights = {n: t for n, t in weights.items() if n in in_model} | derived
         return sessions.frozen(model_bytes, options, devices, stream, lowered.disabled_optimizers, weights, unplanned)
 
     watcher = FrozenWeights(name, indices, names, make_session, unfrozen)

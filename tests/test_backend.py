@@ -263,6 +263,8 @@ def test_options_through_torch_compile_route_to_a_cached_backend():
     [
         ({"fallback": "maybe"}, ValueError, "fallback"),
         ({"sort_ties": "index"}, ValueError, "sort_ties"),
+        ({"quantize": "INT8"}, ValueError, "quantize"),
+        ({"quantize": 8}, ValueError, "quantize"),
         ({"opset": 11}, ValueError, "opset"),
         ({"opset": "20"}, TypeError, "opset"),
         ({"infer_providers": "yes"}, TypeError, "infer_providers"),

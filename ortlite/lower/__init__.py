@@ -16,6 +16,7 @@ from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
 from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
+from .quantize import add_domain, quantize_products
 from .ops.common import declared_ranges
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
 
@@ -81,6 +82,10 @@ class LoweredGraph:
     # conditions on the symbols every call must meet (sympy booleans): torch.export's guards,
     # relations between sizes and int arguments (n <= x.shape[1]) its graph was traced under
     guards: list = dataclasses.field(default_factory=list)
+    # Options.quantize: the products quantized (lower.quantize.QuantizedProduct), and the
+    # stub initializers of quantized frozen weights: name -> (weight input, form, transposed)
+    quantized: list = dataclasses.field(default_factory=list)
+    derived_weights: dict = dataclasses.field(default_factory=dict)
 
 
 def _scalar_kind(val) -> str | None:
@@ -102,6 +107,7 @@ def lower_graph(
     stable_ties: bool = False,
     hoist_sizes: bool = False,
     frozen: frozenset = frozenset(),
+    quantize: str | None = None,
 ) -> LoweredGraph:
     """constants: placeholder name -> tensor, for placeholders that become initializers
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
@@ -109,12 +115,12 @@ def lower_graph(
     stable_ties: Options.sort_ties == "stable". hoist_sizes: move what int arguments,
     shapes, constants and frozen weights alone determine into a size prelude (see lower.hoist;
     the runner of runner.build_runner runs it). frozen: indices of the arguments that are
-    frozen weights (ortlite.frozen)."""
+    frozen weights (ortlite.frozen). quantize: Options.quantize (see lower.quantize)."""
     with declared_ranges(symbol_ranges):
-        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen)
+        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize)
 
 
-def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen) -> LoweredGraph:
+def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize) -> LoweredGraph:
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
@@ -200,8 +206,15 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         if split is not None:
             model, prelude, specs = split
             inputs = inputs + [InputSpec(TENSOR, name, dtype, shape, torch.device("cpu")) for name, dtype, shape in specs]
+    quantized, derived = [], {}
+    if quantize is not None:
+        frozen_names = {s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR}
+        quantized, derived = quantize_products(model.graph, quantize, known, frozen_names, g.node_origin)
+        if quantized:
+            add_domain(model)
     return LoweredGraph(
-        model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key, prelude
+        model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key, prelude,
+        quantized=quantized, derived_weights=derived,
     )
 
 
