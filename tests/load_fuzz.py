@@ -106,6 +106,9 @@ def models(folder: str) -> list[dict]:
     )
     save("halves", ortlite.compile(Halves(), (torch.randn(2, 6),), dynamic_shapes=({1: Dim("c", min=3)},)), [((torch.randn(2, 7),), {})])
     save("wide", ortlite.compile(Wide(), (torch.randn(2, 16),)), [((torch.randn(2, 16),), {})], external=True)
+    # quantized: com.microsoft kernels, and an If on the row count whose branches read the weights
+    quantized = ortlite.compile(Wide(), (torch.randn(2, 16),), dynamic_shapes=({0: Dim("rows")},), options={"quantize": "int4"})
+    save("quantized", quantized, [((torch.randn(1, 16),), {}), ((torch.randn(3, 16),), {})])
     return made
 
 
