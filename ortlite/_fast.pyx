@@ -816,6 +816,30 @@ cdef inline bint _unobservable(object t, uintptr_t ptr, Py_ssize_t raw_itemsize)
     return True
 
 
+_strided = torch.strided
+
+
+cdef inline bint _lazy(a):
+    """Whether a's memory is not its values: a negated or conjugated view (the bit says so,
+    the memory holds the base's values) or a ZeroTensor (no memory at all)."""
+    return a.is_neg() or a.is_conj() or a._is_zerotensor()
+
+
+cdef bint _overrides_torch_function(a):
+    cls = type(a)
+    return cls is not Tensor and cls is not _Parameter and getattr(cls.__torch_function__, "__func__", None) is not _tensor_torch_function
+
+
+_tensor_torch_function = Tensor.__torch_function__.__func__
+
+
+cdef _materialized(a):
+    """A contiguous tensor holding a's values (see _lazy)."""
+    if a._is_zerotensor():
+        return torch.zeros(a.shape, dtype=a.dtype, device=a.device)
+    return a.resolve_conj().resolve_neg().contiguous()
+
+
 cdef class Runner:
     cdef readonly str name
     cdef object sess
@@ -877,6 +901,7 @@ cdef class Runner:
     cdef list frozen_contents   # bytes of a buffer's contents then (None for a parameter)
     cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or replaces the runner
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
+    cdef public bint plain_tensors  # refuse tensor subclasses with a __torch_function__ of their own (ortlite.compile: no Dynamo to run it)
     cdef object replacement     # once set (ORT failed, weights keep changing, sizes keep changing): calls go to it
     cdef CRunOptions c_run_options  # for CSessions
     cdef Py_ssize_t n_fed           # arguments ORT gets a value for (not unused, not frozen)
@@ -1550,8 +1575,10 @@ cdef class Runner:
                         self._mismatch(i, a)
                 elif not self._dims_ok(i, shape):
                     self._mismatch(i, a)
-                if not a.is_contiguous():
-                    a = a.contiguous()
+                if a.layout is not _strided or (self.plain_tensors and _overrides_torch_function(a)):
+                    self._mismatch(i, a)
+                if not a.is_contiguous() or _lazy(a):
+                    a = _materialized(a)
                     keep_alive.append(a)
                 ptr = self._bind_ptr(a, 0)
                 if ptr != b.bound_ptrs[i] or shape != b.bound_shapes[i]:

@@ -206,6 +206,7 @@ def attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutati
     compiled._in_spec, compiled._out_spec = in_spec, out_spec
     compiled._mutations = mutations
     compiled._buffers = buffers
+    compiled.plain_tensors = True
     return compiled
 
 
