@@ -901,6 +901,7 @@ cdef class Runner:
     cdef list frozen_contents   # bytes of a buffer's contents then (None for a parameter)
     cdef public object on_weights_changed  # args -> None: refreezes (set_frozen) or replaces the runner
     cdef public object on_run_failure  # RunError -> a callable to run this graph from now on (or raise)
+    cdef bint takes_boxed  # built for aot_autograd's boxed calls: one list argument, cleared
     cdef public bint plain_tensors  # refuse tensor subclasses with a __torch_function__ of their own (ortlite.compile: no Dynamo to run it)
     cdef object replacement     # once set (ORT failed, weights keep changing, sizes keep changing): calls go to it
     cdef CRunOptions c_run_options  # for CSessions
@@ -998,6 +999,7 @@ cdef class Runner:
         self.plan_scalar = [p[3] for p in plan]
         self.single_output = len(plan) == 1 and plan[0][0] == S_ORT and not plan[0][3]
         self.returns_tuple = returns_tuple
+        self.takes_boxed = boxed
         if boxed:  # aot_autograd's convention: one list argument, cleared by the callee
             self._boxed_call = True
         self.pool = []
@@ -1158,7 +1160,7 @@ cdef class Runner:
         cdef _Binding b
         cdef bint boxed_call = False
         n = len(args)
-        if n == 1 and type(args[0]) is list:  # boxed call (graph arguments are never lists)
+        if self.takes_boxed and n == 1 and type(args[0]) is list:  # boxed call (graph arguments are never lists)
             boxed_call = True
             boxed = args[0]
             args = tuple(boxed)

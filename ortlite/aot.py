@@ -89,8 +89,10 @@ class _StructuredCompiledModel(CompiledModel):
             destination = self._mutation_target(kind, target, flat)
             with torch.no_grad():
                 destination.copy_(value)
-        user = results[len(self._mutations) :]
-        return pytree.tree_unflatten(list(user), self._out_spec)
+        user = list(results[len(self._mutations) :])
+        for position, (source, chain) in self._lowered.input_views.items():
+            user[position] = view_of(flat[source], chain, position)
+        return pytree.tree_unflatten(user, self._out_spec)
 
     def _mutation_target(self, kind, target, flat):
         if kind == OutputKind.BUFFER_MUTATION:
@@ -141,6 +143,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     ranges = _ranges_run(program, placeholders)
     lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", quantize=options.quantize)
     lowered.guards = _export_guards(placeholders, lowered.symbols)
+    lowered.input_views = _input_views(gm, signature)
     mutations = [
         (spec.kind, spec.target if spec.kind == OutputKind.BUFFER_MUTATION else _user_input_index(signature, spec.target))
         for spec in signature.output_specs
@@ -156,6 +159,50 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
     buffers = dict(module.named_buffers()) if module is not None else {k: v for k, v in state.items()}
     return attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutations, buffers)
+
+
+def _input_views(gm: torch.fx.GraphModule, signature) -> dict:
+    """User outputs that eager returns as views of a user input (x[1:], x.t(), a returned
+    x.add_(1)): user output index -> (user input index, the view ops from it). The graph
+    computes them as new tensors; the call makes them views of the input again, as eager.
+    Only chains of view ops with constant arguments (symbolic ones are left as copies)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    user_inputs = {
+        node: index
+        for index, node in enumerate(n for n, spec in zip(placeholders, signature.input_specs) if spec.kind == InputKind.USER_INPUT)
+    }
+    (outputs,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    mutated = {}  # the node holding a user input's new value -> that input
+    for spec, node in zip(signature.output_specs, outputs):
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            mutated[node] = _user_input_index(signature, spec.target)
+    views, user = {}, [node for spec, node in zip(signature.output_specs, outputs) if spec.kind == OutputKind.USER_OUTPUT]
+    for position, node in enumerate(user):
+        chain = []
+        while isinstance(node, torch.fx.Node) and node not in user_inputs and node not in mutated:
+            op = node.target
+            if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or not op.is_view or op.namespace != "aten":
+                break
+            rest = (node.args[1:], node.kwargs)
+            if any(isinstance(a, (torch.fx.Node, torch.SymInt)) for a in pytree.tree_leaves(rest)):
+                break
+            chain.append((f"{op._opname}.{op._overloadname}", list(node.args[1:])))
+            node = node.args[0]
+        source = user_inputs.get(node, mutated.get(node))
+        if source is not None and isinstance(node, torch.fx.Node):
+            views[position] = (source, chain[::-1])
+    return views
+
+
+def view_of(tensor: torch.Tensor, chain: list, position: int) -> torch.Tensor:
+    """tensor viewed through a chain of aten view ops (names and their other arguments)."""
+    try:
+        for name, args in chain:
+            packet, overload = name.split(".")
+            tensor = getattr(getattr(torch.ops.aten, packet), overload)(tensor, *args)
+    except (RuntimeError, IndexError, TypeError) as e:  # (a saved file's malformed chain)
+        raise ValueError(f"ortlite.compile: output {position} cannot be made the view of its input that eager returns ({name}: {e})") from None
+    return tensor
 
 
 def _ranges_run(program: ExportedProgram, placeholders) -> dict:
@@ -189,7 +236,7 @@ def _export_guards(placeholders, symbols: dict) -> list:
 def model_class(lowered, has_weights: bool, mutations: list, in_spec, out_spec) -> type:
     """CompiledModel, or _StructuredCompiledModel when calls need more than runner(*tensors);
     sets lowered.returns_tuple to match (a single output comes back bare)."""
-    simple = not has_weights and not mutations and _is_plain_tuple_call(in_spec) and _is_plain_output(out_spec)
+    simple = not has_weights and not mutations and not lowered.input_views and _is_plain_tuple_call(in_spec) and _is_plain_output(out_spec)
     lowered.returns_tuple = not (simple and out_spec.is_leaf())
     return CompiledModel if simple else _StructuredCompiledModel
 

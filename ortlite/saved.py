@@ -142,6 +142,7 @@ def _metadata(compiled) -> dict:
         "pattern_key": lowered.pattern_key,
         "bound": [{"input": lowered.inputs[i].name, "buffer": compiled._weight_targets[i]} for i in kept],
         "mutations": [[kind.name, target] for kind, target in compiled._mutations],
+        "input_views": [[position, source, chain] for position, (source, chain) in lowered.input_views.items()],
         "in_spec": pytree.treespec_dumps(compiled._in_spec),
         "out_spec": pytree.treespec_dumps(compiled._out_spec),
     }
@@ -386,9 +387,31 @@ def _decode(model: onnx.ModelProto, m: dict):
         raise _Invalid(f"its output spec has {out_spec.num_leaves} leaves, but the graph returns {len(outputs) - len(mutations)}")
     lowered = LoweredGraph(
         model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures, pattern_key=pattern_key,
-        guards=[expr(j) for j in m.get("guards", [])],
+        guards=[expr(j) for j in m.get("guards", [])], input_views=_input_views(m.get("input_views", []), out_spec.num_leaves, n_user),
     )
     return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec}
+
+
+VIEW_OP = re.compile(r"[a-z][a-z0-9_]*\.[a-zA-Z0-9_]+")
+
+
+def _input_views(entries, n_outputs: int, n_inputs: int) -> dict:
+    """LoweredGraph.input_views from the file: aten view ops (looked up, nothing imported)
+    with int, bool and None arguments, on user inputs, for user outputs."""
+    views = {}
+    for position, source, chain in entries:
+        ok = type(position) is int and 0 <= position < n_outputs and position not in views and type(source) is int and 0 <= source < n_inputs
+        for name, args in chain if ok else ():
+            packet = getattr(torch.ops.aten, name.split(".")[0], None) if isinstance(name, str) and VIEW_OP.fullmatch(name) else None
+            op = getattr(packet, name.split(".")[1], None) if packet is not None else None
+            leaves = pytree.tree_leaves(args) if isinstance(args, list) else [object()]
+            ok = isinstance(op, torch._ops.OpOverload) and op.is_view and all(a is None or type(a) in (int, bool) for a in leaves)
+            if not ok:
+                break
+        if not ok:
+            raise _Invalid(f"malformed ortlite metadata: output view {str([position, source, chain])[:200]}")
+        views[position] = (source, [tuple(step) for step in chain])
+    return views
 
 
 def _is_scalar_output(index, ort_outputs) -> bool:

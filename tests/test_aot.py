@@ -7,6 +7,7 @@ import onnx
 import onnxruntime
 import pytest
 import torch
+from torch.export import Dim
 
 import ortlite
 from conftest import assert_same, opaque
@@ -286,3 +287,38 @@ def test_integer_division_by_zero_raises_as_aten():
         compiled(a, b)
     b[3] = 1
     assert torch.equal(compiled(a, b), Divide()(a, b))
+
+
+class Views(torch.nn.Module):
+    """Outputs eager returns as views of an input, beside one it does not."""
+
+    def forward(self, x, y):
+        return x[1:], x.t(), x.transpose(0, 1)[0], x.unsqueeze(0).expand(2, -1, -1), y.add_(1), x * 2
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_outputs_that_are_views_of_inputs_alias_them_as_in_eager(tmp_path, dynamic):
+    x, y = torch.randn(4, 3), torch.randn(3)
+    shapes = ({0: Dim("rows", min=3)}, None) if dynamic else None
+    compiled = ortlite.compile(Views(), (x.clone(), y.clone()), dynamic_shapes=shapes)
+    compiled.save(tmp_path / "views.onnx")
+    for model in (compiled, ortlite.load(tmp_path / "views.onnx")):
+        for rows in (4, 6) if dynamic else (4,):
+            x, y = torch.randn(rows, 3), torch.randn(3)
+            ex, ey = x.clone(), y.clone()
+            expected = Views()(ex, ey)
+            got = model(x, y)
+            for g, e in zip(got, expected):
+                assert torch.equal(g, e) and g.shape == e.shape and g.stride() == e.stride()
+            *views, returned, product = got
+            assert all(v._base is x for v in views) and returned is y and product._base is None
+            x[1, 0] = 100.0  # a view sees its input's writes, as eager's does
+            assert got[0][0, 0] == 100.0 and got[1][0, 1] == 100.0
+
+
+def test_a_list_argument_is_an_argument_not_a_boxed_call():
+    compiled = ortlite.compile(MLP(), (torch.randn(3, 64),))
+    argument = [torch.randn(3, 64)]
+    with pytest.raises(TypeError, match="argument 0 .* got list"):
+        compiled(argument)
+    assert len(argument) == 1  # the caller's list is left alone

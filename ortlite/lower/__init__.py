@@ -82,6 +82,9 @@ class LoweredGraph:
     # conditions on the symbols every call must meet (sympy booleans): torch.export's guards,
     # relations between sizes and int arguments (n <= x.shape[1]) its graph was traced under
     guards: list = dataclasses.field(default_factory=list)
+    # ortlite.compile: outputs that are views of an input (as eager returns them): user
+    # output index -> (user input index, [(aten view op name, its other arguments)...])
+    input_views: dict = dataclasses.field(default_factory=dict)
     # Options.quantize: the products quantized (lower.quantize.QuantizedProduct), and the
     # stub initializers of quantized frozen weights: name -> (weight input, form, transposed)
     quantized: list = dataclasses.field(default_factory=list)
