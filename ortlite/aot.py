@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 from . import _fast
 from .decomp import export_decomposition_table
 from .dynamo_backend import missing_kernel_origin
-from .lower import finite_int, lower_graph
+from .lower import InputSpec, finite_int, lower_graph
 from .lower.registry import shape_env_of
 from .options import Options
 from .partition import source_line, unsupported_nodes
@@ -144,6 +144,8 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", quantize=options.quantize)
     lowered.guards = _export_guards(placeholders, lowered.symbols)
     lowered.input_views = _input_views(gm, signature)
+    if not lowered.ort_outputs:
+        _give_an_output(lowered)
     mutations = [
         (spec.kind, spec.target if spec.kind == OutputKind.BUFFER_MUTATION else _user_input_index(signature, spec.target))
         for spec in signature.output_specs
@@ -159,6 +161,15 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
     buffers = dict(module.named_buffers()) if module is not None else {k: v for k, v in state.items()}
     return attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutations, buffers)
+
+
+def _give_an_output(lowered) -> None:
+    """A graph whose results are all arguments, constants or sizes (`return x`) has no node
+    for ONNX Runtime, which refuses a model without outputs: one constant output it ignores."""
+    name = "ortlite_no_results"
+    lowered.model.graph.node.append(onnx.helper.make_node("Constant", [], [name], value=onnx.helper.make_tensor("v", onnx.TensorProto.BOOL, [], [False])))
+    lowered.model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.BOOL, []))
+    lowered.ort_outputs.append(InputSpec("tensor", name, torch.bool, (), torch.device("cpu")))
 
 
 def _input_views(gm: torch.fx.GraphModule, signature) -> dict:

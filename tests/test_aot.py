@@ -322,3 +322,19 @@ def test_a_list_argument_is_an_argument_not_a_boxed_call():
     with pytest.raises(TypeError, match="argument 0 .* got list"):
         compiled(argument)
     assert len(argument) == 1  # the caller's list is left alone
+
+
+class NothingToRun(torch.nn.Module):
+    """Results that are all arguments, constants or sizes: no node for ONNX Runtime."""
+
+    def forward(self, x, n: int):
+        return x, x.shape[0] * 2, n + 1
+
+
+def test_a_graph_with_nothing_for_onnxruntime_runs_and_saves(tmp_path):
+    compiled = ortlite.compile(NothingToRun(), (torch.randn(3, 2), 4), dynamic_shapes=({0: Dim("rows")}, Dim.DYNAMIC))
+    compiled.save(tmp_path / "nothing.onnx")
+    for model in (compiled, ortlite.load(tmp_path / "nothing.onnx")):
+        x = torch.randn(5, 2)
+        got = model(x, 7)
+        assert got[0] is x and got[1:] == (10, 8)
