@@ -541,3 +541,31 @@ def test_size_expressions_a_call_cannot_evaluate_raise_a_named_error(tmp_path, s
     loaded = ortlite.load(path)
     with pytest.raises(ValueError, match=f"ortlite graph aot: {problem}"):
         loaded(torch.randn(2, 7))
+
+
+@pytest.mark.parametrize("reader", ["columns", "rows"])
+def test_saved_ranges_are_right_in_plain_onnxruntime_with_default_options(tmp_path, reader):
+    """Gathers by ranges built from a symbolic size: ONNX Runtime's GatherToSliceFusion (on by
+    default) gets negative and backward ranges wrong; a saved file must not depend on a user
+    turning it off."""
+    from test_changing_shapes import RANGES
+
+    wrong = []
+    for name, make in RANGES.items():
+        class Reader(torch.nn.Module):
+            def forward(self, x):
+                i = make(x.shape[1])
+                return (x[:, i] if reader == "columns" else x[i]) * 1
+
+        path = tmp_path / f"{name}.onnx"
+        size = Dim("s", min=4)
+        ortlite.compile(Reader(), (torch.randn(6, 6),), dynamic_shapes=({0: size, 1: size},)).save(path)
+        so = onnxruntime.SessionOptions()
+        so.log_severity_level = 3
+        sess = onnxruntime.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        for s in (6, 9, 5):
+            x = torch.arange(float(s * s)).reshape(s, s)
+            (out,) = sess.run(None, {"x": x.numpy()})
+            if not torch.equal(torch.from_numpy(out), Reader()(x)):
+                wrong.append(f"{name} at {s}")
+    assert not wrong, wrong

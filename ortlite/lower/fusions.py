@@ -650,6 +650,39 @@ def _new_values(graph: onnx.GraphProto, base: str):
     return fresh, constant
 
 
+def shield_range_gathers(graph: onnx.GraphProto) -> int:
+    """A Gather whose indices a Range makes reads them through Where(true, indices, indices)
+    (the same values; not Max, whose int64 CPU kernel is wrong in [2**31, 2**32)): ONNX
+    Runtime's GatherToSliceFusion would turn the pair into a Slice that is wrong for a range
+    with negative indices or a negative step (x[:, arange(-s, 0)] came back empty). ortlite's sessions run without that optimizer; this makes a saved file right in
+    plain onnxruntime with default options too."""
+    made_by_range = set()  # a Range's output, or an Identity of one (ONNX Runtime removes those first)
+    for n in graph.node:
+        if n.domain in ("", "ai.onnx") and (n.op_type == "Range" or (n.op_type == "Identity" and n.input[0] in made_by_range)):
+            made_by_range.add(n.output[0])
+    gathers = [
+        n for n in graph.node
+        if n.op_type == "Gather" and n.domain in ("", "ai.onnx") and len(n.input) > 1 and n.input[1] in made_by_range
+    ]
+    if not gathers:
+        return 0
+    taken = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    true = None
+    nodes = []
+    for node in graph.node:
+        if node in gathers:
+            if true is None:
+                true = fresh_name("ortlite_true", taken)
+                graph.initializer.append(numpy_helper.from_array(np.array(True), true))
+            shielded = fresh_name(f"{node.input[1]}_shielded", taken)
+            nodes.append(helper.make_node("Where", [true, node.input[1], node.input[1]], [shielded]))
+            node.input[1] = shielded
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(gathers)
+
+
 def fresh_name(base: str, taken: set[str]) -> str:
     """base, or base_<k> with the first k not taken; then taken."""
     name, k = base, 0
