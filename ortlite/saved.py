@@ -84,6 +84,14 @@ def save(compiled, path, external_data: bool | None = None) -> None:
     metadata = _metadata(compiled)
     if external_data is None:
         external_data = model.ByteSize() > PROTOBUF_LIMIT
+    key = compiled._lowered.pattern_key
+    if key is not None:  # the runner's memory-pattern key, which no node reads: plain onnxruntime need not feed it
+        if external_data:  # (ortlite.load reads such a file by path: the input stays, with a default)
+            model.graph.initializer.append(numpy_helper.from_array(np.zeros((0, 0), np.uint8), key))
+        else:  # (ortlite.load puts it back)
+            kept = [i for i in model.graph.input if i.name != key]
+            del model.graph.input[:]
+            model.graph.input.extend(kept)
     if external_data:
         location = os.path.basename(path) + ".data"
         data_path = os.path.join(os.path.dirname(path) or ".", location)
@@ -208,6 +216,8 @@ def load(path, options=None):
     except _Invalid as e:
         raise ValueError(f"ortlite.load: {path}: {e}") from None
     source = path if saved["external"] else data  # ORT finds external data beside the path
+    if saved["key_added"]:
+        source = model.SerializeToString()
     if options.model_transforms:
         for transform in options.model_transforms:
             transform(model)
@@ -355,6 +365,9 @@ def _decode(model: onnx.ModelProto, m: dict):
         raise _Invalid(f"malformed ortlite metadata: disabled optimizers {disabled!r}")
 
     pattern_key = m.get("pattern_key")  # absent in files written before it existed
+    key_added = isinstance(pattern_key, str) and all(i.name != pattern_key for i in model.graph.input)
+    if key_added:  # saved without it (no node reads it): the runner's input again
+        model.graph.input.append(onnx.helper.make_tensor_value_info(pattern_key, onnx.TensorProto.UINT8, [pattern_key, 0]))
     _check_graph(model, inputs, ort_outputs, pattern_key)
     bound, weights = m["bound"], []
     initializers = {t.name: t for t in model.graph.initializer}
@@ -389,7 +402,7 @@ def _decode(model: onnx.ModelProto, m: dict):
         model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures, pattern_key=pattern_key,
         guards=[expr(j) for j in m.get("guards", [])], input_views=_input_views(m.get("input_views", []), out_spec.num_leaves, n_user),
     )
-    return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec}
+    return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec, "key_added": key_added}
 
 
 VIEW_OP = re.compile(r"[a-z][a-z0-9_]*\.[a-zA-Z0-9_]+")

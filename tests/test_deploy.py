@@ -569,3 +569,21 @@ def test_saved_ranges_are_right_in_plain_onnxruntime_with_default_options(tmp_pa
             if not torch.equal(torch.from_numpy(out), Reader()(x)):
                 wrong.append(f"{name} at {s}")
     assert not wrong, wrong
+
+
+def test_dynamic_models_keep_stderr_quiet_with_the_users_session_options(tmp_path, capfd):
+    """A graph whose sizes vary has the runner's memory-pattern key input: with a user's
+    SessionOptions (ORT's default log level) ortlite's session, ortlite.load's and plain
+    onnxruntime's of the saved file write nothing to stderr (an initializer that is also an
+    input made ONNX Runtime warn)."""
+    so = onnxruntime.SessionOptions()
+    compiled = ortlite.compile(ScaleBy(), (torch.randn(3, 4), 2), dynamic_shapes={"x": {0: Dim("b")}, "n": Dim.DYNAMIC}, options={"session_options": so})
+    x = torch.randn(5, 4)
+    expected = ScaleBy()(x, 3)
+    assert_same(compiled(x, 3), expected)
+    compiled.save(tmp_path / "scale.onnx")
+    assert_same(ortlite.load(tmp_path / "scale.onnx", options={"session_options": so})(x, 3), expected)
+    plain = onnxruntime.InferenceSession(str(tmp_path / "scale.onnx"), providers=["CPUExecutionProvider"])
+    (out,) = plain.run(None, {"x": x.numpy(), "n": torch.tensor(3).numpy()})
+    assert_same(torch.from_numpy(out), expected)
+    assert "onnxruntime" not in capfd.readouterr().err

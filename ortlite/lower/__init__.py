@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 
-import numpy as np
 import onnx
 import onnx.numpy_helper
 import sympy
@@ -191,9 +190,8 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     # would then differ from aten by ~1e-8 (seen in attention: scores * 1/sqrt(d)).
     disabled = ("MatMulScaleFusion",) if torch.float64 in g.dtypes else ()
     pattern_key = g.fresh("ortlite_pattern_key") if _sizes_vary(inputs, ort_outputs) else None
-    if pattern_key is not None:  # with a default (an initializer): optional for other users of the model
+    if pattern_key is not None:  # (a saved file gives it a default: see CompiledModel.onnx_model_for_saving)
         g.add_input(pattern_key, torch.uint8, (sympy.Symbol(pattern_key), 0))
-        g.initializers.append(onnx.numpy_helper.from_array(np.zeros((0, 0), np.uint8), pattern_key))
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
