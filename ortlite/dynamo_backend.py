@@ -377,7 +377,7 @@ class Backend:
             origin = missing_kernel_origin(e, lowered.node_origin)
             if origin is None or self.options.fallback == "error":
                 raise
-            raise MissingKernel(origin, f"ONNX Runtime has no kernel: {e}") from e
+            raise MissingKernel(origin, missing_kernel_reason(e, gm, origin)) from e
 
 
 class MissingKernel(Exception):
@@ -396,9 +396,19 @@ _NODE_IN_ERROR = re.compile(
 
 
 def missing_kernel_origin(error: Exception, node_origin: dict[str, str]) -> str | None:
-    """The FX node behind an ORT session error that names one ONNX node as unrunnable."""
+    """The FX node behind an ORT session error that names one ONNX node as unrunnable (a
+    name its optimizer extended, 'addmm__Gemm/GemmTransposeFusion/', is the node's)."""
     match = _NODE_IN_ERROR.search(str(error))
-    return node_origin.get(match.group(1) or match.group(2)) if match else None
+    return node_origin.get((match.group(1) or match.group(2)).split("/")[0]) if match else None
+
+
+def missing_kernel_reason(error: Exception, gm: torch.fx.GraphModule, origin: str) -> str:
+    """Why a node left to torch, in ortlite's words (not ONNX Runtime's error text)."""
+    op = re.search(r"implementation for (\w+)\(|of operator \((\w+)\)", str(error))
+    op = (op.group(1) or op.group(2)) if op else "its ONNX op"
+    node = next((n for n in gm.graph.nodes if n.name == origin), None)
+    dtypes = sorted({str(d).removeprefix("torch.") for d in op_signature(node)[1] if d is not None}) if node is not None else []
+    return f"ONNX Runtime has no kernel for {op} in {', '.join(dtypes) or 'these dtypes'} on this provider"
 
 
 def op_signature(node: torch.fx.Node) -> tuple:

@@ -363,7 +363,7 @@ def test_explain_fusions():
 
 
 def test_onnxruntime_log_stays_off_stderr(capfd, caplog):
-    """A compile that hits missing kernels (erf in float64, sin in bfloat16 on CPU), an op
+    """A compile that hits missing kernels (erf in float64), bfloat16 on CPU, an op
     left to torch and a failed run: what ortlite handles goes to the "ortlite" logger, and
     nothing of ONNX Runtime's own log reaches stderr (fd 2, where its C++ logger writes)."""
     import logging
@@ -394,7 +394,9 @@ def test_onnxruntime_log_stays_off_stderr(capfd, caplog):
     fn(x, y, t, torch.tensor([0, 3]))
     with pytest.raises(IndexError):  # ONNX Runtime fails the run; torch then raises as eager does
         fn(x, y, t, torch.tensor([0, 7]))
-    assert set(backend.stats.fallback_ops) == {"aten.erf.default", "aten.special_airy_ai.default", "aten.sin.default", "aten.index_select.default"}
+    # (bfloat16 on CPU stays in torch by rule, the cast to it included)
+    expected = {"aten.erf.default", "aten.special_airy_ai.default", "aten.sin.default", "aten._to_copy.default", "aten.index_select.default"}
+    assert set(backend.stats.fallback_ops) == expected
     assert "[E:onnxruntime" not in capfd.readouterr().err
     logged = " ".join(r.getMessage() for r in caplog.records if r.name == "ortlite")
     for text in ("aten.erf.default runs in torch (ONNX Runtime has no kernel", "aten.sin.default runs in torch", "aten.index_select", "no lowering"):

@@ -481,3 +481,17 @@ def test_as_strided_reads_what_eager_storage_holds(case):
         check_lowered(fn, f32(*shape))
     else:
         check_fallback(fn, f32(*shape), op="aten.as_strided.default")
+
+
+def test_bfloat16_on_cpu_stays_in_torch_with_a_reason_in_ortlites_words():
+    """bfloat16 graphs on CPU run in torch, whole (ONNX Runtime's CPU provider has almost no
+    bfloat16 kernels: data movement left in ONNX Runtime between them would only add copies);
+    ortlite.explain says why, without ONNX Runtime's error text."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).to(torch.bfloat16).eval()
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        report = ortlite.explain(model, x)
+        assert torch.equal(torch.compile(model, backend="ortlite")(x), model(x))
+    (graph,) = report.graphs
+    assert graph.sessions == [] and {why for _, why, _ in graph.torch_ops} == {"bfloat16 on CPU: ONNX Runtime's CPU provider has almost no bfloat16 kernels; torch runs it"}
+    assert "ONNXRuntimeError" not in str(report)

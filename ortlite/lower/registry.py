@@ -124,8 +124,9 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         return "no lowering"
     if "val" not in node.meta and not _returns_nothing(node.target):
         return "no meta value"
-    devices = set()
+    devices, bf16 = set(), False
     for t in node_tensors(node):
+        bf16 |= t.dtype == torch.bfloat16
         if t.dtype not in TORCH_TO_ONNX:
             return f"dtype {t.dtype}"
         if t.layout != torch.strided:
@@ -134,6 +135,10 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             devices.add(t.device)
     if len(devices) > 1:
         return "mixed devices"
+    if bf16 and all(d.type == "cpu" for d in devices):
+        # (its missing kernels would leave the arithmetic to torch node by node, and the data
+        # movement between them in sessions of their own: copies torch's views do not make)
+        return "bfloat16 on CPU: ONNX Runtime's CPU provider has almost no bfloat16 kernels; torch runs it"
     if lowering.check is not None:
         try:
             with no_new_guards(node):
