@@ -4,6 +4,7 @@ Dynamo's guards cost too much. The whole graph goes to ONNX Runtime or compile f
 from __future__ import annotations
 
 import copy
+import itertools
 import operator
 
 import onnx
@@ -77,6 +78,9 @@ class _StructuredCompiledModel(CompiledModel):
 
     def __call__(self, *args, **kwargs):
         flat, spec = pytree.tree_flatten((args, kwargs))
+        reduced = self._lowered.io_dtype
+        if reduced is not None:
+            flat = _cast(flat, reduced, torch.float32)
         if spec != self._in_spec:
             raise TypeError(
                 f"ortlite.compile: the call's arguments are structured as {spec}, but the model was "
@@ -90,6 +94,8 @@ class _StructuredCompiledModel(CompiledModel):
             with torch.no_grad():
                 destination.copy_(value)
         user = list(results[len(self._mutations) :])
+        if reduced is not None:
+            user = _cast(user, torch.float32, reduced)
         for position, (source, chain) in self._lowered.input_views.items():
             user[position] = view_of(flat[source], chain, position)
         return pytree.tree_unflatten(user, self._out_spec)
@@ -113,6 +119,9 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     inputs. Parameters, buffers and constants become initializers; bind_weights=True binds
     them by data pointer instead (shared with torch: in-place updates are seen, no copy)."""
     options = Options.coerce(options)
+    reduced = _reduced_precision(model, options)
+    if reduced is not None:  # computed in float32 (weights quantized from their values), called in the model's dtype
+        model, args, kwargs = copy.deepcopy(model).float(), _cast(args, reduced, torch.float32), _cast(kwargs, reduced, torch.float32)
     if isinstance(model, ExportedProgram):
         program, module = model, None
     elif isinstance(model, torch.nn.Module):
@@ -144,6 +153,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", quantize=options.quantize)
     lowered.guards = _export_guards(placeholders, lowered.symbols)
     lowered.input_views = _input_views(gm, signature)
+    lowered.io_dtype = reduced
     if not lowered.ort_outputs:
         _give_an_output(lowered)
     mutations = [
@@ -161,6 +171,25 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
     buffers = dict(module.named_buffers()) if module is not None else {k: v for k, v in state.items()}
     return attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutations, buffers)
+
+
+def _reduced_precision(model, options: Options):
+    """bfloat16 or float16, for an nn.Module on CPU whose floating weights all have that dtype,
+    compiled with Options.quantize: ONNX Runtime's CPU provider has no bfloat16 arithmetic
+    (and little float16), so such a model runs in float32 inside, its weight products in the
+    integer kernels; the call takes and returns the model's dtype. Else None."""
+    if options.quantize is None or not isinstance(model, torch.nn.Module):
+        return None
+    floats = [t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()]
+    dtypes = {t.dtype for t in floats}
+    if len(dtypes) != 1 or not dtypes <= {torch.bfloat16, torch.float16} or any(t.device.type != "cpu" for t in floats):
+        return None
+    return dtypes.pop()
+
+
+def _cast(tree, source: torch.dtype, target: torch.dtype):
+    """tree with its tensors of dtype source cast to target."""
+    return pytree.tree_map(lambda t: t.to(target) if isinstance(t, torch.Tensor) and t.dtype == source else t, tree)
 
 
 def _give_an_output(lowered) -> None:
@@ -247,7 +276,7 @@ def _export_guards(placeholders, symbols: dict) -> list:
 def model_class(lowered, has_weights: bool, mutations: list, in_spec, out_spec) -> type:
     """CompiledModel, or _StructuredCompiledModel when calls need more than runner(*tensors);
     sets lowered.returns_tuple to match (a single output comes back bare)."""
-    simple = not has_weights and not mutations and not lowered.input_views and _is_plain_tuple_call(in_spec) and _is_plain_output(out_spec)
+    simple = not has_weights and not mutations and not lowered.input_views and lowered.io_dtype is None and _is_plain_tuple_call(in_spec) and _is_plain_output(out_spec)
     lowered.returns_tuple = not (simple and out_spec.is_leaf())
     return CompiledModel if simple else _StructuredCompiledModel
 

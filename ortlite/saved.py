@@ -151,6 +151,7 @@ def _metadata(compiled) -> dict:
         "bound": [{"input": lowered.inputs[i].name, "buffer": compiled._weight_targets[i]} for i in kept],
         "mutations": [[kind.name, target] for kind, target in compiled._mutations],
         "input_views": [[position, source, chain] for position, (source, chain) in lowered.input_views.items()],
+        "io_dtype": DTYPES_BY_VALUE[lowered.io_dtype] if lowered.io_dtype is not None else None,
         "in_spec": pytree.treespec_dumps(compiled._in_spec),
         "out_spec": pytree.treespec_dumps(compiled._out_spec),
     }
@@ -401,6 +402,7 @@ def _decode(model: onnx.ModelProto, m: dict):
     lowered = LoweredGraph(
         model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures, pattern_key=pattern_key,
         guards=[expr(j) for j in m.get("guards", [])], input_views=_input_views(m.get("input_views", []), out_spec.num_leaves, n_user),
+        io_dtype=_io_dtype(m.get("io_dtype")),
     )
     return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec, "key_added": key_added}
 
@@ -425,6 +427,15 @@ def _input_views(entries, n_outputs: int, n_inputs: int) -> dict:
             raise _Invalid(f"malformed ortlite metadata: output view {str([position, source, chain])[:200]}")
         views[position] = (source, [tuple(step) for step in chain])
     return views
+
+
+def _io_dtype(name) -> torch.dtype | None:
+    """LoweredGraph.io_dtype from the file: None, bfloat16 or float16."""
+    if name is None:
+        return None
+    if name not in ("bfloat16", "float16"):
+        raise _Invalid(f"malformed ortlite metadata: io_dtype {str(name)[:50]!r}")
+    return DTYPES[name]
 
 
 def _is_scalar_output(index, ort_outputs) -> bool:

@@ -4,6 +4,8 @@ models against float32; saved files."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnx
 import pytest
@@ -390,3 +392,22 @@ def test_products_that_do_not_fit_stay_float():
     assert compiled._lowered.quantized == [] and "com.microsoft" not in {n.domain for n in compiled.onnx_model.graph.node}
     for got, expected in zip(compiled(x), model(x)):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_reduced_precision_models_quantized_run_whole_in_onnxruntime(tmp_path, dtype, mode):
+    """A bfloat16/float16 model with quantize set: float32 inside (ONNX Runtime's CPU provider
+    has no bfloat16 arithmetic), its weights quantized from their values, called in and
+    returning its own dtype; the same as quantizing its float32 copy, and saved files too."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 8)).to(dtype).eval()
+    x = torch.randn(1, 64).to(dtype)
+    compiled = ortlite.compile(model, (x,), options={"quantize": mode})
+    as_float32 = ortlite.compile(copy.deepcopy(model).float(), (x.float(),), options={"quantize": mode})
+    got = compiled(x)
+    assert got.dtype == dtype and torch.equal(got, as_float32(x.float()).to(dtype))
+    assert next(model.parameters()).dtype == dtype  # the user's model is left as it was
+    assert torch.nn.functional.cosine_similarity(got.float().flatten(), model(x).float().flatten(), 0) > 0.99
+    compiled.save(tmp_path / "m.onnx")
+    assert torch.equal(ortlite.load(tmp_path / "m.onnx")(x), got)

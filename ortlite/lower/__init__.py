@@ -84,6 +84,9 @@ class LoweredGraph:
     # ortlite.compile: outputs that are views of an input (as eager returns them): user
     # output index -> (user input index, [(aten view op name, its other arguments)...])
     input_views: dict = dataclasses.field(default_factory=dict)
+    # ortlite.compile of a bfloat16/float16 model with Options.quantize: the graph computes in
+    # float32; the call casts arguments of this dtype to float32 and float32 results back
+    io_dtype: torch.dtype | None = None
     # Options.quantize: the products quantized (lower.quantize.QuantizedProduct), and the
     # stub initializers of quantized frozen weights: name -> (weight input, form, transposed)
     quantized: list = dataclasses.field(default_factory=list)
