@@ -3,11 +3,15 @@
 models built from configs (random weights, no downloads). One thread, interleaved rounds,
 medians; first-call (compile + run) times; what fell back to torch.
 
-    python bench/models.py [--models bert,gpt2,llama,llama-long,moe,vit,resnet,mobilenet] [--rounds 7] [--no-inductor] [--no-dynamic] [--device cpu|cuda]
+    python bench/models.py [--models bert,gpt2,llama,llama-long,llama-decode,moe,vit,resnet,mobilenet] [--rounds 7]
+        [--no-inductor] [--no-dynamic] [--precision] [--device cpu|cuda]
 
 Peers in the same run: inductor, and torch.onnx.export(dynamo=True) + ONNX Runtime
 ("export+ORT"; needs onnxscript, the bench extra: pip install -e ".[bench]").
 The MoE row runs ortlite with Options(sort_ties="stable") (see OPTIONS).
+--precision adds, in the same rounds: ortlite AOT with Options(quantize="int8"/"int4"), eager
+bf16 and inductor bf16 (freezing); "llama-decode" is a 1-token call of a causal LM with a
+32000-token vocabulary (the LM head included).
 
 ortlite runs with frozen weights (the default under no_grad); "ortlite unfrozen" is the same
 with Options(freeze_weights=False), weights bound as inputs.
@@ -16,6 +20,7 @@ with Options(freeze_weights=False), weights bound as inputs.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -58,6 +63,26 @@ def llama(length=128):
         hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=32000
     )
     return f"LLaMA h256 L4 seq{length} b1", LlamaModel(config), (torch.randint(0, 32000, (1, length)),)
+
+
+def llama_decode():
+    """One decode-shaped call (1 token, no cache) of a causal LM with a 32000-token vocabulary
+    and its LM head: the weight products' shape in a decode loop."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, vocab_size=32000
+    )
+    return "LLaMA-LM h512 L4 1 token", _Logits(LlamaForCausalLM(config)), (torch.randint(0, 32000, (1, 1)),)
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
 
 
 def llama_long():
@@ -143,7 +168,10 @@ def mobilenet():
     return "MobileNetV2-like 224px b1", model, (torch.randn(1, 3, 224, 224),)
 
 
-MODELS = {"bert": bert, "gpt2": gpt2, "llama": llama, "llama-long": llama_long, "moe": moe, "vit": vit, "resnet": resnet, "mobilenet": mobilenet}
+MODELS = {
+    "bert": bert, "gpt2": gpt2, "llama": llama, "llama-long": llama_long, "llama-decode": llama_decode, "moe": moe, "vit": vit,
+    "resnet": resnet, "mobilenet": mobilenet,
+}
 
 
 def first_output(out):
@@ -198,7 +226,7 @@ def export_ort(model, args):
     return run
 
 
-def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=None, device="cpu"):
+def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=None, device="cpu", with_precision=False):
     label, model, args = make()
     model.eval().to(device)
     args = tuple(a.to(device) for a in args)
@@ -258,6 +286,20 @@ def bench_model(make, rounds, iters, with_inductor, with_dynamic=True, options=N
         first["inductor"], out = timed_first_call(inductor, args)
         candidates["inductor"] = inductor
 
+    if with_precision:  # reduced precision in the same rounds (docs/reduced-precision.md)
+        reference = expected.double().flatten()
+        for mode in ("int8", "int4"):
+            quantized = ortlite.compile(_FirstOutput(model), args, options=options.with_changes(quantize=mode))
+            candidates[f"ortlite AOT {mode}"] = quantized
+            notes[f"1-cos AOT {mode}"] = float(1 - torch.nn.functional.cosine_similarity(quantized(*args).double().flatten(), reference, dim=0))
+        bf16 = copy.deepcopy(model).to(torch.bfloat16)
+        candidates["eager bf16"] = bf16
+        if with_inductor:
+            with torch._inductor.config.patch(freezing=True):
+                inductor_bf16 = torch.compile(own_code(copy.deepcopy(bf16)), backend="inductor")
+                first["inductor bf16"], _ = timed_first_call(inductor_bf16, args)
+            candidates["inductor bf16"] = inductor_bf16
+
     def block(call):
         start = time.perf_counter()
         for _ in range(iters):
@@ -280,6 +322,7 @@ def main(argv=None):
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic=True candidate")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--precision", action="store_true", help="also ortlite AOT int8/int4, eager bf16 and inductor bf16 (freezing)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -290,7 +333,7 @@ def main(argv=None):
         for key in args.models.split(","):
             try:
                 label, medians, ratios, first, notes = bench_model(
-                    MODELS[key], args.rounds, args.iters, not args.no_inductor, not args.no_dynamic, OPTIONS.get(key), args.device
+                    MODELS[key], args.rounds, args.iters, not args.no_inductor, not args.no_dynamic, OPTIONS.get(key), args.device, args.precision
                 )
             except Exception as e:  # one model's failure (a mismatch with eager, a crash) must not hide the others'
                 print(f"{key}: FAILED: {type(e).__name__}: {e}", flush=True)
@@ -300,6 +343,8 @@ def main(argv=None):
             print(f"{label}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()), flush=True)
 
     names = ["eager", "inductor", "export+ORT", "ortlite", "ortlite unfrozen", "ortlite dynamic", "ortlite AOT"]
+    if args.precision:
+        names += ["ortlite AOT int8", "ortlite AOT int4", "eager bf16", "inductor bf16"]
     print(f"\nlatency, ms (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; no_grad; {args.device})")
     print(f"{'model':<26}" + "".join(f"{n:>17}" for n in names))
     for r in results:
