@@ -29,11 +29,14 @@ import time
 import traceback
 
 import onnx
+import ortlite._fast
 import torch
+from test_deploy import (
+    Structured,  # kwargs, nested inputs and outputs, a mutated buffer, a size output
+)
 from torch.export import Dim
 
 import ortlite
-import ortlite._fast
 import ortlite.saved
 
 ALLOWED_LOAD = (ValueError,)
@@ -42,17 +45,6 @@ CANARY = b"ortlite canary: never read me\n" * 64
 OUTSIDE = ("../canary.bin", "/tmp/ortlite-canary.bin", "canary-cwd.bin", "sub/../../canary.bin", "./../canary.bin")
 # names an attacker would put where torch's own treespec_loads imports them
 IMPORTABLE = ("antigravity", "this", "ortlite_fuzz_never_imported", "http.server", "pdb")
-
-
-class Structured(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(8, 4)
-        self.register_buffer("calls", torch.zeros(1))
-
-    def forward(self, x, pair, *, scale):
-        self.calls.add_(1)
-        return {"a": self.lin(x) * scale, "b": (pair[0] - pair[1]).sum(0)}, x.shape[0] + 1
 
 
 class ScaleBy(torch.nn.Module):
