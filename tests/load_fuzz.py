@@ -29,15 +29,13 @@ import time
 import traceback
 
 import onnx
-import ortlite._fast
 import torch
-from test_deploy import (
-    Structured,  # kwargs, nested inputs and outputs, a mutated buffer, a size output
-)
 from torch.export import Dim
 
 import ortlite
+import ortlite._fast
 import ortlite.saved
+from test_deploy import Structured  # kwargs, nested inputs and outputs, a mutated buffer, a size output
 
 ALLOWED_LOAD = (ValueError,)
 ALLOWED_CALL = (ValueError, TypeError, ortlite._fast.RunError)  # RunError: a graph ONNX Runtime fails to run, named
