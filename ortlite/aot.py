@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
+import warnings
 
 import onnx
 import torch
@@ -129,7 +130,9 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         module = model
     else:
         raise TypeError(f"ortlite.compile takes an nn.Module or an ExportedProgram, got {type(model).__name__}")
-    program = program.run_decompositions(export_decomposition_table())
+    with warnings.catch_warnings():  # torch 2.13's own deepcopy of its module call graph warns, every time
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        program = program.run_decompositions(export_decomposition_table())
     gm = program.graph_module
     signature = program.graph_signature
 
