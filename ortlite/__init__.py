@@ -8,11 +8,12 @@
 """
 
 from ._fast import RunError
-from .aot import CompiledModel, CompileError, compile
+from .aot import CompileError, compile
+from .compiled import CompiledModel
 from .dynamo_backend import Backend, GraphReport, Stats, UnsupportedError
 from .explain import Explanation, explain
 from .options import Options
-from .saved import load
+from .loading import load
 
 backend = Backend()
 """The default backend. torch.compile(..., options={...}) routes to a cached Backend for those options."""

@@ -35,7 +35,6 @@ from torch.utils import _pytree as pytree
 
 from .lower import SCALAR_DTYPES, InputSpec, LoweredGraph, OutputSpec
 from .lower.builder import TORCH_TO_ONNX
-from .options import Options
 
 KEY = "ortlite"
 FORMAT = 1
@@ -199,56 +198,19 @@ def _encode(e, symbols: dict):
     return [name, *(_encode(a, symbols) for a in e.args)]
 
 
-# ---------------------------------------------------------------- load
+# ---------------------------------------------------------------- reading (ortlite.loading)
 
 
-def load(path, options=None):
-    """A CompiledModel from a file written by CompiledModel.save (see the module docstring)."""
-    from .aot import attach, model_class
-    from .runner import build_runner, unkeyed_varying_sizes
-    from .session import ProviderUnavailable, create_session, current_cuda_stream, resolve_providers, with_compute_stream
-
-    options = Options.coerce(options)
-    path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
+def read(path: str, data: bytes):
+    """(model, LoweredGraph, the rest) from a file's bytes, checked; a ValueError naming the
+    file says what is wrong."""
     try:
-        model, lowered, saved = _read(path, data)
+        return _read(path, data)
     except _Invalid as e:
         raise ValueError(f"ortlite.load: {path}: {e}") from None
-    source = path if saved["external"] else data  # ORT finds external data beside the path
-    if saved["key_added"]:
-        source = model.SerializeToString()
-    if options.model_transforms:
-        for transform in options.model_transforms:
-            transform(model)
-        source = model.SerializeToString()
-    devices = {spec.device for spec in lowered.inputs + lowered.ort_outputs if spec.device is not None}
-    providers = resolve_providers(options, devices)
-    unplanned = unkeyed_varying_sizes(lowered)
-
-    def session_for_stream(stream):
-        return create_session(source, options, with_compute_stream(providers, stream), devices, lowered.disabled_optimizers, unplanned=unplanned)
-
-    cls = model_class(lowered, bool(saved["weights"]), saved["mutations"], saved["in_spec"], saved["out_spec"])
-    try:
-        sess = session_for_stream(current_cuda_stream(devices))
-    except ProviderUnavailable:
-        raise
-    except Exception as e:  # ORT's own checks of the graph
-        raise ValueError(f"ortlite.load: {path}: ONNX Runtime cannot load the model: {e}") from None
-    try:
-        compiled = build_runner("aot", lowered, sess, cls=cls, session_for_stream=session_for_stream, from_file=True)
-    except Exception as e:  # e.g. its sizes code: whatever fails here, the file's metadata made it fail
-        raise ValueError(f"ortlite.load: {path}: its metadata does not make a runner: {type(e).__name__}: {e}") from None
-    targets = [b["buffer"] for b in saved["bound"]]
-    return attach(
-        compiled, lowered, saved["weights"], targets, saved["in_spec"], saved["out_spec"], saved["mutations"], dict(zip(targets, saved["weights"]))
-    )
 
 
 def _read(path: str, data: bytes):
-    """(model, LoweredGraph, the rest) from a file's bytes; _Invalid says what is wrong."""
     try:
         model = onnx.ModelProto.FromString(data)
     except Exception as e:  # protobuf's DecodeError
