@@ -1,12 +1,14 @@
 """Accuracy of reduced precision (Options(quantize=...), issue 31) on TRAINED weights.
 
-    python bench/accuracy.py [--cache PATH] [--retrain] [--steps 600]
+    python bench/accuracy.py [--cache PATH] [--retrain] [--steps 300] [--max-train-s 300]
 
 A byte-level LLaMA-style causal LM (transformers LlamaForCausalLM: vocab 256, hidden 256,
 4 layers, 4 heads, 2 KV heads, MLP 688, untied LM head) is trained once on the Python
 standard library's own .py sources (sysconfig's "stdlib" path, site-packages left out):
 files sorted by relative path, file i held out where i % 10 == 0, the rest trained on.
-Training: 2 threads, AdamW, 16 windows of 256 bytes a step, fixed seed and step count; the
+Training: 2 threads, AdamW, 16 windows of 256 bytes a step, fixed seed and step count (300:
+about 3 minutes on 2 idle cores), stopped early at --max-train-s (300 s wall; the steps done
+are printed and kept with the weights: on a busy machine the model is then less trained); the
 weights are cached (~/.cache/ortlite/bench-accuracy-<hash of config, recipe, file list>.pt)
 and --retrain trains again.
 
@@ -42,7 +44,7 @@ CONFIG = dict(
     vocab_size=256, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
 )  # fmt: skip
-RECIPE = dict(steps=600, batch=16, context=256, lr=2e-3, warmup=50, weight_decay=0.1, clip=1.0, seed=0)
+RECIPE = dict(steps=300, batch=16, context=256, lr=2e-3, warmup=30, weight_decay=0.1, clip=1.0, seed=0)
 HELD_OUT_RULE = "stdlib .py files (site-packages excluded) sorted by relative path; file i held out where i % 10 == 0"
 WINDOWS, LENGTH, EVAL_BATCH = 200, 256, 8
 
@@ -74,8 +76,9 @@ def new_model(config: dict = CONFIG, seed: int = 0):
     return LlamaForCausalLM(LlamaConfig(**config)).float()
 
 
-def train(model, data: bytes, recipe: dict = RECIPE, log=print) -> float:
-    """Trains model in place on random windows of data; returns the wall time in seconds."""
+def train(model, data: bytes, recipe: dict = RECIPE, log=print, max_seconds: float = math.inf) -> tuple[float, int]:
+    """Trains model in place on random windows of data, for recipe["steps"] steps or until
+    max_seconds of wall time have passed; returns (wall seconds, steps done)."""
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     steps, batch, context = recipe["steps"], recipe["batch"], recipe["context"]
     generator = torch.Generator().manual_seed(recipe["seed"])
@@ -86,7 +89,10 @@ def train(model, data: bytes, recipe: dict = RECIPE, log=print) -> float:
     )
     model.train()
     start = time.perf_counter()
+    done = 0
     for step in range(steps):
+        if time.perf_counter() - start > max_seconds:
+            break
         offsets = torch.randint(0, len(tokens) - context - 1, (batch,), generator=generator)
         window = torch.stack([tokens[o : o + context + 1] for o in offsets.tolist()]).long()
         logits = model(input_ids=window[:, :-1], use_cache=False).logits
@@ -96,10 +102,11 @@ def train(model, data: bytes, recipe: dict = RECIPE, log=print) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["clip"])
         optimizer.step()
         schedule.step()
+        done += 1
         if log and (step % 100 == 0 or step == steps - 1):
             log(f"step {step:4d}  loss {loss.item():.3f}  {time.perf_counter() - start:.0f} s")
     model.eval()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, done
 
 
 def windows(held: bytes, count: int = WINDOWS, length: int = LENGTH) -> torch.Tensor:
@@ -207,6 +214,7 @@ def main():
     parser.add_argument("--cache", help="trained weights file (default ~/.cache/ortlite/bench-accuracy-<hash>.pt)")
     parser.add_argument("--retrain", action="store_true", help="train even if the cache exists")
     parser.add_argument("--steps", type=int, default=RECIPE["steps"])
+    parser.add_argument("--max-train-s", type=float, default=300, help="stop training after this many seconds of wall time")
     parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime threads (training and evaluation)")
     args = parser.parse_args()
     RECIPE["steps"] = args.steps
@@ -222,12 +230,12 @@ def main():
     if os.path.exists(path) and not args.retrain:
         saved = torch.load(path)
         model.load_state_dict(saved["state"])
-        print(f"weights: {path} (trained in {saved['seconds']:.0f} s wall, {saved['threads']} threads)")
+        print(f"weights: {path} ({saved['done']} of {saved['recipe']['steps']} steps in {saved['seconds']:.0f} s wall, {saved['threads']} threads)")
     else:
-        seconds = train(model, train_bytes)
-        print(f"trained: {RECIPE['steps']} steps in {seconds:.0f} s wall, {args.threads} threads")
+        seconds, done = train(model, train_bytes, max_seconds=args.max_train_s)
+        print(f"trained: {done} of {RECIPE['steps']} steps in {seconds:.0f} s wall, {args.threads} threads")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        torch.save({"state": model.state_dict(), "seconds": seconds, "threads": args.threads, "config": CONFIG, "recipe": RECIPE}, path)
+        torch.save({"state": model.state_dict(), "seconds": seconds, "done": done, "threads": args.threads, "config": CONFIG, "recipe": RECIPE}, path)
         print(f"weights: {path}")
     data = windows(held)
     rows = measure(model, data)
