@@ -19,13 +19,17 @@ positions whose argmax is eager float32's. ortlite rows: ortlite.compile of the 
 the static shape (8, 256), run over all windows; 2048 rows a product, so "int4" runs the int8
 kernels there (int4's MatMulNBits is used at <= INT4_MAX_ROWS rows only), and the row
 "int4 (MatMulNBits at every row)" compiles with ortlite.lower.quantize.INT4_MAX_ROWS raised
-so that every quantized product is MatMulNBits.
+so that every quantized product is MatMulNBits. --experiments adds weight-only int8 / int4
+simulated in eager (Linear weights replaced by quantize.derive's forms dequantized), and int4
+at every row with accuracy_level 1 and with blocks of 16, 64, 128 (quantize's constants set
+while compiling; ortlite/lower/quantize.py is not changed).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import hashlib
 import json
 import math
@@ -141,15 +145,43 @@ def evaluate(fn, data: torch.Tensor, batch: int = EVAL_BATCH):
 
 
 @contextlib.contextmanager
-def int4_rows(limit: int):
-    """ortlite.lower.quantize.INT4_MAX_ROWS = limit while compiling (the products given
-    MatMulNBits: those of at most `limit` rows)."""
-    saved = quantize.INT4_MAX_ROWS
-    quantize.INT4_MAX_ROWS = limit
+def patched(**values):
+    """ortlite.lower.quantize's constants set to values while compiling, e.g. INT4_MAX_ROWS
+    (the products given MatMulNBits: those of at most that many rows), INT4_BLOCK."""
+    saved = {k: getattr(quantize, k) for k in values}
+    for k, v in values.items():
+        setattr(quantize, k, v)
     try:
         yield
     finally:
-        quantize.INT4_MAX_ROWS = saved
+        for k, v in saved.items():
+            setattr(quantize, k, v)
+
+
+def compiled(wrapper, example, mode, **constants):
+    with patched(**constants):
+        return ortlite.compile(wrapper, example, options={"quantize": mode})
+
+
+def weights_only(model, form: str):
+    """A copy of model whose Linear weights are replaced by their dequantized "int8" or
+    "int4" forms (quantize.derive's scheme; activations stay float32)."""
+    import numpy as np
+
+    model = copy.deepcopy(model)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.detach().numpy()  # (N, K)
+            codes = quantize.derive(form, w, True).astype(np.float64)
+            scale = quantize.derive(f"{form}_scale", w, True).astype(np.float64)
+            if form == "int8":
+                value = (codes * scale).T
+            else:
+                packed = codes.astype(np.uint8)
+                nibbles = np.stack([packed & 15, packed >> 4], -1).reshape(*packed.shape[:2], -1).astype(np.float64)
+                value = ((nibbles - 8) * scale[..., None]).reshape(len(w), -1)[:, : w.shape[1]]
+            module.weight.data = torch.from_numpy(value.astype(np.float32))
+    return Logits(model).eval()
 
 
 def kernels(compiled) -> str:
@@ -160,12 +192,11 @@ def kernels(compiled) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"
 
 
-def measure(model, data: torch.Tensor, batch: int = EVAL_BATCH, log=print) -> list:
+def measure(model, data: torch.Tensor, batch: int = EVAL_BATCH, log=print, experiments: bool = False) -> list:
     """Rows (name, perplexity, top-1 agreement with eager float32, kernels) for eager f32 /
     bf16 and ortlite f32 / int8 / int4 (int8 kernels at batch * length rows) / int4 with
-    MatMulNBits at every row, over data (see evaluate)."""
-    import copy
-
+    MatMulNBits at every row, over data (see evaluate). experiments: also weight-only
+    quantization simulated in eager, and int4 with other block sizes and accuracy_level 1."""
     model = model.eval().float()
     wrapper = Logits(model).eval()
     example = (data[:batch, :-1],)
@@ -174,13 +205,16 @@ def measure(model, data: torch.Tensor, batch: int = EVAL_BATCH, log=print) -> li
     rows.append(("eager float32", ppl, 1.0, "-"))
     candidates = [("eager bfloat16", lambda: Logits(copy.deepcopy(model).to(torch.bfloat16)).eval())]
     for mode in (None, "int8", "int4"):
-        candidates.append((f"ortlite {mode or 'float32'}", lambda mode=mode: ortlite.compile(wrapper, example, options={"quantize": mode})))
-
-    def every_row():
-        with int4_rows(1 << 62):
-            return ortlite.compile(wrapper, example, options={"quantize": "int4"})
-
-    candidates.append(("ortlite int4 (MatMulNBits at every row)", every_row))
+        candidates.append((f"ortlite {mode or 'float32'}", lambda mode=mode: compiled(wrapper, example, mode)))
+    candidates.append(("ortlite int4 (MatMulNBits at every row)", lambda: compiled(wrapper, example, "int4", INT4_MAX_ROWS=1 << 62)))
+    if experiments:
+        candidates += [
+            ("eager, int8 weights (simulated; activations float)", lambda: weights_only(model, "int8")),
+            ("eager, int4 weights, blocks of 32 (simulated; activations float)", lambda: weights_only(model, "int4")),
+            ("ortlite int4, every row, accuracy_level 1 (activations float)", lambda: compiled(wrapper, example, "int4", INT4_MAX_ROWS=1 << 62, INT4_ACCURACY=1)),
+        ]
+        for block in (16, 64, 128):
+            candidates.append((f"ortlite int4, every row, blocks of {block}", lambda block=block: compiled(wrapper, example, "int4", INT4_MAX_ROWS=1 << 62, INT4_BLOCK=block)))
     for name, make in candidates:
         start = time.perf_counter()
         fn = make()
@@ -215,6 +249,7 @@ def main():
     parser.add_argument("--retrain", action="store_true", help="train even if the cache exists")
     parser.add_argument("--steps", type=int, default=RECIPE["steps"])
     parser.add_argument("--max-train-s", type=float, default=300, help="stop training after this many seconds of wall time")
+    parser.add_argument("--experiments", action="store_true", help="also the rows of measure(experiments=True)")
     parser.add_argument("--threads", type=int, default=2, help="torch and ONNX Runtime threads (training and evaluation)")
     args = parser.parse_args()
     RECIPE["steps"] = args.steps
@@ -238,7 +273,7 @@ def main():
         torch.save({"state": model.state_dict(), "seconds": seconds, "done": done, "threads": args.threads, "config": CONFIG, "recipe": RECIPE}, path)
         print(f"weights: {path}")
     data = windows(held)
-    rows = measure(model, data)
+    rows = measure(model, data, experiments=args.experiments)
     f32 = dict((r[0], r[1]) for r in rows)
     print(f"\n{WINDOWS} held-out windows of {LENGTH} bytes, ortlite compiled at ({EVAL_BATCH}, {LENGTH}): "
           f"{EVAL_BATCH * LENGTH} rows a product\n")  # fmt: skip
