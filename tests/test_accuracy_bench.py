@@ -42,12 +42,16 @@ def test_pipeline_tiny_model():
 
     data = acc.windows(held, count=8, length=32)
     assert data.shape == (8, 33) and torch.equal(data, acc.windows(held, count=8, length=32))
-    rows = {name: (ppl, top, kernels) for name, ppl, top, kernels in acc.measure(model, data, batch=4, log=None)}
-    assert quantize.INT4_MAX_ROWS == 1  # restored after the "every row" compile
+    rows = {name: (ppl, top, kernels) for name, ppl, top, kernels in acc.measure(model, data, batch=4, log=None, experiments=True)}
+    assert (quantize.INT4_MAX_ROWS, quantize.INT4_BLOCK, quantize.INT4_ACCURACY) == (1, 32, 4)  # restored after compiling
 
     assert list(rows) == [
         "eager float32", "eager bfloat16", "ortlite float32", "ortlite int8", "ortlite int4",
         "ortlite int4 (MatMulNBits at every row)",
+        "eager, int8 weights (simulated; activations float)",
+        "eager, int4 weights, blocks of 32 (simulated; activations float)",
+        "ortlite int4, every row, accuracy_level 1 (activations float)",
+        "ortlite int4, every row, blocks of 16", "ortlite int4, every row, blocks of 64", "ortlite int4, every row, blocks of 128",
     ]  # fmt: skip
     for ppl, top, _ in rows.values():
         assert math.isfinite(ppl) and 1 < ppl < 256 * 4 and 0 <= top <= 1
@@ -57,4 +61,7 @@ def test_pipeline_tiny_model():
     # 2 layers x 7 products + the LM head; 4 x 32 = 128 rows: "int4" runs int8's kernel there
     assert rows["ortlite int8"][2] == rows["ortlite int4"][2] == "15 int8"
     assert rows["ortlite int4 (MatMulNBits at every row)"][2] == "15 int4"
+    # MatMulNBits with float activations computes the simulated scheme: the same weights
+    simulated = rows["eager, int4 weights, blocks of 32 (simulated; activations float)"][0]
+    assert abs(rows["ortlite int4, every row, accuracy_level 1 (activations float)"][0] / simulated - 1) < 1e-4
     assert "| ortlite int8 |" in acc.table(list((k, *v) for k, v in rows.items()))
