@@ -163,7 +163,7 @@ def build_runner(
         lowered.returns_tuple,
         boxed,
         _recycle_outputs(lowered),
-        sizes_function(name, lowered, sym_outputs, check_shapes=from_file),
+        sizes_function(name, lowered, sym_outputs, from_file=from_file),
         RECYCLE_MAX_BYTES,
         stream_of,
         session_for,
@@ -322,12 +322,12 @@ def _contiguous_strides(sizes):
     return list(reversed(strides))
 
 
-def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list, check_shapes: bool = False):
+def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list, from_file: bool = False):
     """For graphs with symbolic sizes: a function of the call's arguments that reads each
     symbol from the first argument size it is, checks the other sizes that must equal it
     and the exported ranges, and returns (shapes of the outputs, values of size outputs).
-    check_shapes: the expressions come from a file (ortlite.load): check that each output
-    shape is one torch can allocate.
+    from_file: the expressions come from a file (ortlite.load): output shapes are checked to be
+    ones torch can allocate, and failures to evaluate them are errors naming the graph.
     Generated once as Python source: per call it is a few attribute reads and compares."""
     dynamic_outputs = [o for o in lowered.ort_outputs if not _is_static(o.shape)]
     if not lowered.symbols and not dynamic_outputs and not sym_outputs:
@@ -358,13 +358,12 @@ def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list, check_sh
     except NotImplementedError as e:  # a sympy function PythonPrinter cannot print
         raise ValueError(f"ortlite graph {name}: cannot compute sizes in Python: {e}") from None
     lines.append(f"    shapes = ({shapes}{',' if lowered.ort_outputs else ''})")
-    if check_shapes:  # a file's expressions: each output must be one torch can allocate
+    if from_file:  # a file's expressions: each output must be one torch can allocate
         itemsizes = tuple(o.dtype.itemsize for o in lowered.ort_outputs)
         lines.append(f"    _check_shapes({name!r}, shapes, {itemsizes!r})")
     lines.append(f"    return shapes, ({values}{',' if sym_outputs else ''})")
-    # arithmetic no compiled graph does (a division by a size that is 0, a math domain
-    # error: a saved file's tampered expressions) is an error that names the graph
-    lines = [lines[0], "  try:", *("  " + line for line in lines[1:]), "  except SizesError: raise", "  except _EVALUATION as e: raise _unevaluable(" + repr(name) + ", e) from None"]
+    if from_file:  # arithmetic no compiled graph does (a division by a size that is 0, a math domain error) names the graph
+        lines = [lines[0], "  try:", *("  " + line for line in lines[1:]), "  except SizesError: raise", f"  except _EVALUATION as e: raise _unevaluable({name!r}, e) from None"]
     namespace = {
         "_unequal": _unequal_sizes, "_out_of_range": _size_out_of_range, "_guard_failed": _guard_failed, "_check_shapes": _check_shapes,
         "_unevaluable": _unevaluable, "SizesError": SizesError, "_EVALUATION": (ArithmeticError, ValueError, TypeError, IndexError, AttributeError),
