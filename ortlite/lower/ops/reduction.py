@@ -35,7 +35,7 @@ def _nonempty_check(node):
 @lower(aten.sum.dim_IntList, aten.sum.default)
 def sum_(g, node, x, dim=None, keepdim=False, *, dtype=None):
     if out_dtype(node) in INT_DTYPES:
-        return _int_reduce(g, node, x, dim, keepdim, _exact_sum)
+        return _int_reduce(g, node, x, dim, keepdim, int_sum)
     return _reduce(g, node, "ReduceSum", x, dim, keepdim)
 
 
@@ -67,7 +67,9 @@ def _sums_exactly_in_double(dtype: torch.dtype, count) -> bool:
     return info is not None and isinstance(count, int) and count * max(-info.min, info.max) < 2**53
 
 
-def _exact_sum(g, x: Value, axes, keepdim, source_dtype):
+def int_sum(g, x: Value, axes: list[int], keepdim: bool, source_dtype: torch.dtype) -> str:
+    """The exact sum of int64 x over (sorted) axes, wrapping as aten's; source_dtype: the
+    dtype x's values came from (what bounds them)."""
     count = math.prod(x.shape[a] for a in axes)
     if _sums_exactly_in_double(source_dtype, count):
         return g.op("ReduceSum", x, g.ints(axes), keepdims=int(keepdim))
@@ -109,7 +111,7 @@ def _exact_prod(g, x: Value, axes, keepdim, source_dtype=None):
     return _unmerged(g, y, axes, axis, keepdim)
 
 
-def _int64_extreme(g, x: Value, axes, keepdim, largest: bool) -> str:
+def int64_extreme(g, x: Value, axes: list[int], keepdim: bool, largest: bool) -> str:
     """amax/amin of int64 values: the value ArgMax/ArgMin point at (both exact)."""
     y, axis = _merged(g, x, axes)
     index = g.op("ArgMax" if largest else "ArgMin", y, axis=axis, keepdims=1, select_last_index=0)
@@ -159,7 +161,7 @@ def amin(g, node, x, dim=(), keepdim=False):
 def _extreme(g, node, x: Value, dims, keepdim, largest: bool) -> str:
     """ReduceMax/ReduceMin over dims (None or []: all), exact for int64 too."""
     if x.dtype == torch.int64 and x.rank:
-        return _int64_extreme(g, x, sorted(norm_dims(dims, x.rank)) if dims else list(range(x.rank)), keepdim, largest)
+        return int64_extreme(g, x, sorted(norm_dims(dims, x.rank)) if dims else list(range(x.rank)), keepdim, largest)
     return _reduce(g, node, "ReduceMax" if largest else "ReduceMin", x, dims, keepdim)
 
 
@@ -532,7 +534,7 @@ def cummax(g, node, x, dim):
     spread = _spread(g, x, axis, info.min if largest else info.max)
     j = g.ints([axis + 1])
     if x.dtype == torch.int64:
-        values = _int64_extreme(g, Value(spread, x.dtype, x.shape[:axis] + (n, n) + x.shape[axis + 1 :]), [axis + 1], True, largest)
+        values = int64_extreme(g, Value(spread, x.dtype, x.shape[:axis] + (n, n) + x.shape[axis + 1 :]), [axis + 1], True, largest)
     else:
         values = g.op("ReduceMax" if largest else "ReduceMin", spread, j, keepdims=1)
     # aten's index: the last j <= i holding the running max (>= / <= keep moving it);
