@@ -12,6 +12,8 @@ torch (on ortlite.compile: refuse to compile it), never a third thing.
 """
 
 
+import operator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,6 +71,17 @@ def _ranges(dtype, inverted=False):
     return [(lo, hi) for lo, hi in pairs if _ints(dtype, lo, hi) == [lo, hi]]
 
 
+def _by_large(x):
+    """Divisions by the largest divisors of the dtype (past 2**53 for int64)."""
+    large = [v for v in _ints(x.dtype, 2**53 + 1, -(2**62) - 3, 3037000500, 2**31 + 7, 2**15 + 3, 100) if v][:2]
+    return [op(x, v) for v in large for op in (operator.floordiv, operator.mod, torch.fmod)]
+
+
+def _nonzero(y):
+    """y with 0 and -1 made 2 (x // -1 of the dtype's minimum kills eager itself: SIGFPE)."""
+    return torch.where((y == 0) | (y == -1), torch.full_like(y, 2), y)
+
+
 # name -> fn(x, y); results compared as a tuple
 OPS = {
     "sum": lambda x, y: (x.sum(1), x.sum(0), x.sum()),
@@ -101,7 +114,8 @@ OPS = {
     "abs_neg": lambda x, y: (x.abs(), -x),
     "add_sub_mul": lambda x, y: (x + y, x - y, x * y, x * 3, x + 2**62 if x.dtype == torch.int64 else x + 100),
     "square_cube": lambda x, y: (x * x, x**2, x**3),
-    "div_mod": lambda x, y: (x // 7, x // -3, x % 7, x % -3, torch.fmod(x, 7), torch.div(x, 7, rounding_mode="trunc")),
+    "div_mod": lambda x, y: (x // 7, x // -3, x % 7, x % -3, torch.fmod(x, 7), torch.div(x, 7, rounding_mode="trunc"), *_by_large(x)),
+    "div_mod_tensor": lambda x, y: (x // _nonzero(y), x % _nonzero(y), torch.fmod(x, _nonzero(y)), torch.div(x, _nonzero(y), rounding_mode="trunc")),
     "compare": lambda x, y: (x < y, x <= y, x == y, x > y, x >= y, x != y, x > 2**31 if x.dtype == torch.int64 else x > 3),
     "where": lambda x, y: torch.where(x > y, x, y),
     "scatter_reduce": lambda x, y: tuple(
