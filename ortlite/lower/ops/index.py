@@ -7,33 +7,44 @@ from __future__ import annotations
 import math
 
 import torch
-
+from onnx import TensorProto
 from torch.utils._sympy.functions import Max
 
 from ..builder import TORCH_TO_ONNX, Value, sym_expr
 from ..registry import lower, node_tensors
-from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, known_empty, norm_dim, out_dtype, out_shape, same_shape
+from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, known_empty, may_be_empty, norm_dim, out_dtype, out_shape, same_shape
 
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
-def checked_index(g, node, index: Value, size, *, negative: bool, message: str) -> Value:
+def checked_index(g, node, index: Value, size, *, negative: bool, message: str, wrap: bool = False) -> Value:
     """An index (as int64) for a dim of `size`, checked against aten's range: [0, size), or
-    [-size, size) where aten takes negative indices (negative=True). aten raises for an index
-    outside; ONNX's Gather and Scatter family take [-size, size) and fail the run beyond. On
-    the CPU the call raises RuntimeError(message) for an element outside (the runner reads
-    the condition after the run), and such elements are read as 0 so that ONNX Runtime's
-    kernel runs: one Or of two comparisons, a Where and an any over the index tensor. On
-    CUDA, where aten's out-of-range index is a device-side assert, the index goes as it is
-    (a check there would need a device-to-host copy and a synchronization every call)."""
+    [-size, size) where aten takes negative indices (negative=True; wrap=True: returned as
+    its place in [0, size)). aten raises for an index outside; ONNX's Gather and Scatter
+    family take [-size, size) and fail the run beyond. On the CPU the call raises
+    RuntimeError(message) for an element outside (the runner reads the condition after the
+    run), and such elements are read as 0 so that ONNX Runtime's kernel runs: an unsigned
+    comparison, a bool ReduceMax, a Where or Mod (4 or 5 nodes). On CUDA, where aten's
+    out-of-range index is a device-side assert, the index goes as it is (a check there would
+    need a device-to-host copy and a synchronization every call)."""
     index = g.cast(index, torch.int64)
     if any(t.device.type != "cpu" for t in node_tensors(node)) or known_empty(index.shape):
-        return index
-    n = g.const(size, torch.int64) if isinstance(size, int) else g.sym(size)
-    low = g.const(-size if negative else 0, torch.int64) if isinstance(size, int) else (g.op("Neg", n) if negative else g.const(0, torch.int64))
-    outside = g.op("Or", g.op("Less", index, low), g.op("GreaterOrEqual", index, n))
-    g.fail_if(any_true(g, outside), message)
-    return Value(g.op("Where", outside, g.const(0, torch.int64), index), torch.int64, index.shape)
+        return Value(_wrap_negative(g, index, size), torch.int64, index.shape) if negative and wrap else index
+    static = isinstance(size, int)
+    n = g.const(size, torch.int64) if static else g.sym(size)
+    # index in [low, low + span) <=> index - low, as an unsigned number, is below span
+    span = g.const(2 * size if negative else size, torch.int64) if static else (g.op("Add", n, n) if negative else n)
+    shifted = g.op("Add", index, n) if negative else index  # (wrapping past INT64_MAX: then huge, outside)
+    unsigned = lambda v: g.op("Cast", v, to=TensorProto.UINT64)  # noqa: E731
+    outside = g.op("GreaterOrEqual", unsigned(shifted), unsigned(span))
+    if g.opset >= 20 and not may_be_empty(index):  # (ONNX Runtime reduces bools from opset 20, not an empty set)
+        g.fail_if(g.op("ReduceMax", outside, keepdims=0), message)
+    else:
+        g.fail_if(any_true(g, outside), message)
+    if negative and static and size > 0:  # inside: index mod size is its place, as wrap wants
+        return Value(g.op("Mod", shifted, n, fmod=0), torch.int64, index.shape)
+    safe = Value(g.op("Where", outside, g.const(0, torch.int64), index), torch.int64, index.shape)
+    return Value(_wrap_negative(g, safe, size), torch.int64, index.shape) if negative and wrap else safe
 
 
 def out_of_bounds(dim: int, size) -> str:
@@ -72,8 +83,7 @@ def _gather_layout(g, node, x: Value, indices):
     shape = broadcast_shape(*(indices[d].shape for d in positions))
     columns = []
     for d in positions:
-        checked = checked_index(g, node, indices[d], x.shape[d], negative=True, message=out_of_bounds(d, x.shape[d]))
-        index = _wrap_negative(g, checked, x.shape[d])
+        index = checked_index(g, node, indices[d], x.shape[d], negative=True, message=out_of_bounds(d, x.shape[d]), wrap=True)
         index = g.expand(Value(index, torch.int64, indices[d].shape), shape) if not same_shape(indices[d].shape, shape) else index
         columns.append(g.op("Unsqueeze", index, g.ints([len(shape)])))
     stacked = g.op("Concat", *columns, axis=-1) if len(columns) > 1 else columns[0]
@@ -382,8 +392,7 @@ def index_fill(g, node, x, dim, index, value):
     index = _as_1d(g, index)
     shape = list(x.shape)
     shape[dim] = index.shape[0]
-    checked = checked_index(g, node, index, x.shape[dim], negative=True, message=out_of_bounds(dim, x.shape[dim]))
-    index = Value(_wrap_negative(g, checked, x.shape[dim]), torch.int64, index.shape)
+    index = checked_index(g, node, index, x.shape[dim], negative=True, message=out_of_bounds(dim, x.shape[dim]), wrap=True)
     if known_empty(shape):
         return g.op("Identity", x)
     fill = g.op("Expand", g.cast(value, x.dtype) if isinstance(value, Value) else g.const(value, x.dtype), g.shape(shape))
@@ -601,7 +610,7 @@ def put(g, node, x, index, source, accumulate=False):
         return g.op("Identity", x)
     flat_index = Value(g.op("Reshape", index, g.ints([-1])), index.dtype, (math.prod(index.shape),))
     message = f"out of range: tried to access an index outside a tensor of {n} elements"
-    flat_index = _wrap_negative(g, checked_index(g, node, flat_index, n, negative=True, message=message), n)
+    flat_index = checked_index(g, node, flat_index, n, negative=True, message=message, wrap=True)
     flat = g.op("Reshape", x, g.ints([n]))  # a 0-d x too
     updates = g.op("Reshape", g.cast(source, x.dtype), g.ints([-1]))
     if accumulate and x.dtype == torch.bool:  # adding bools is "or": count, then nonzero
