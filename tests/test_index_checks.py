@@ -57,6 +57,8 @@ OPS = {
     "take": (lambda x, i: x.take(i), N * N),
     "put": (lambda x, i: x.put(i, SRC[0, :3]), N * N),
     "put_accumulate": (lambda x, i: x.put(i, SRC[0, :3], accumulate=True), N * N),
+    "searchsorted_sorter": (lambda x, i: torch.searchsorted(x[0], x[1, :3] * 0.9, sorter=torch.cat([i, torch.tensor([3, 4])])), N),
+    "embedding_max_norm": (lambda x, i: F.embedding(i, x.clone(), max_norm=1.0), N),
     "one_hot": (lambda x, i: F.one_hot(i, N), N),
     "nll_loss": (lambda x, i: F.nll_loss(x[:3], i), N),
     "cross_entropy": (lambda x, i: F.cross_entropy(x[:3], i, reduction="none"), N),

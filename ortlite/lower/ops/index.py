@@ -470,7 +470,9 @@ def embedding_renorm(g, node, weight, indices, max_norm, norm_type):
     """aten's embedding_renorm_: each row indices name (once, however often named) whose
     norm exceeds max_norm is scaled by max_norm / (norm + 1e-7), computed in double."""
     rows = weight.shape[0]
-    named = g.op("ScatterElements", g.const(torch.zeros(rows)), g.op("Reshape", g.cast(indices, torch.int64), g.ints([-1])), g.op("Expand", g.const(1.0), g.shape([math.prod(indices.shape)])), axis=0, reduction="max")
+    flat = Value(g.op("Reshape", g.cast(indices, torch.int64), g.ints([-1])), torch.int64, (math.prod(indices.shape),))
+    flat = checked_index(g, node, flat, rows, negative=False, message=OUT_OF_RANGE)
+    named = g.op("ScatterElements", g.const(torch.zeros(rows)), flat, g.op("Expand", g.const(1.0), g.shape([math.prod(indices.shape)])), axis=0, reduction="max")
     magnitude = g.op("Abs", weight)
     axes = g.ints([1])
     if norm_type == 2:
@@ -587,7 +589,8 @@ def searchsorted(g, node, seq, values, *, out_int32=False, right=False, side=Non
     if known_empty(out_shape(node)) or known_empty(seq.shape[-1:]):
         return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
     if sorter is not None:  # aten reads the sequence through sorter
-        seq = Value(g.op("GatherElements", seq, g.cast(sorter, torch.int64), axis=-1), seq.dtype, seq.shape)
+        sorter = checked_index(g, node, sorter, seq.shape[-1], negative=False, message="torch.searchsorted(): sorter index out of range")
+        seq = Value(g.op("GatherElements", seq, sorter, axis=-1), seq.dtype, seq.shape)
     return _binary_search(g, node, seq, values, right or side == "right", out_int32)
 
 
