@@ -88,6 +88,7 @@ OPS = {
     "sum_keep_dtype": lambda x, y: (x.sum(1, dtype=x.dtype), x.sum(dtype=x.dtype)),
     "prod": lambda x, y: (x.prod(1), x.prod(0), x.prod()),
     "prod_keep_dtype": lambda x, y: (x.prod(1, dtype=x.dtype), x.prod(dtype=x.dtype)),
+    "mean": lambda x, y: (x.mean(), x.mean(1)),  # aten refuses integers: the compiled call must raise too
     "cumsum": lambda x, y: (x.cumsum(1), x.cumsum(0), x.cumsum(1, dtype=x.dtype)),
     "cumprod": lambda x, y: (x.cumprod(1), x.cumprod(0), x.cumprod(1, dtype=x.dtype)),
     "amax": lambda x, y: (x.amax(1), x.amax(0), x.amax(), x.amax(1, keepdim=True)),

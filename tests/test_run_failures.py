@@ -20,20 +20,6 @@ def warnings_seen(caplog):
     return lambda: [r.getMessage() for r in caplog.records if r.name == "ortlite"]
 
 
-@pytest.fixture
-def unchecked_indices(monkeypatch):
-    """ortlite's in-graph index checks off (tests/test_index_checks.py tests them): an index
-    out of bounds then reaches ONNX Runtime's Gather, which fails the run, as a lowering
-    without checks would (the trigger of the failed-run tests here)."""
-    from ortlite.lower.ops import index
-
-    def unchecked(g, node, i, size, *, negative, message, wrap=False):
-        i = g.cast(i, torch.int64)
-        return index.Value(index._wrap_negative(g, i, size), torch.int64, i.shape) if negative and wrap else i
-
-    monkeypatch.setattr(index, "checked_index", unchecked)
-
-
 def index_then_scale(x, i):
     return torch.index_select(x, 0, i) * 2 + 1
 
