@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 import ortlite
 from ortlite import _fast, logs
+from ortlite.lower.ops import index as index_ops
 from ortlite.session import c_api_problem
+from conftest import unchecked_index
 
 pytestmark = pytest.mark.skipif(_fast.C_API_PROBLEM is not None, reason=f"no C API here: {_fast.C_API_PROBLEM}")
 
@@ -60,7 +62,7 @@ def test_a_library_that_cannot_load_is_named():
     assert "cannot load /nonexistent/libonnxruntime.so.0" in problem
 
 
-def test_c_api_errors_carry_ort_messages():
+def test_c_api_errors_carry_ort_messages(unchecked_indices):  # (an out-of-bounds index fails the run)
     with pytest.raises(_fast.OrtError, match="ONNXRuntimeError.*(protobuf|parse|model)"):
         _fast.create_c_session(b"not a model", 1, 1, 99)
 
@@ -125,7 +127,10 @@ def test_calls_do_not_leak():
         def forward(self, x, i):
             return torch.index_select(x, 0, i) * 2
 
-    failing = ortlite.compile(Gather(), (x, torch.tensor([0])))
+    checked = ortlite.compile(Gather(), (x, torch.tensor([0])))  # the index check raises after the run
+    with pytest.MonkeyPatch.context() as patch:  # without the check ONNX Runtime fails the run
+        patch.setattr(index_ops, "checked_index", unchecked_index)
+        failing = ortlite.compile(Gather(), (x, torch.tensor([0])))
     bad = torch.tensor([7])
 
     def calls(n):
@@ -149,6 +154,18 @@ def test_calls_do_not_leak():
     failures(10)
     values = _fast.live_values()
     failures(5000)  # RSS is no measure here: ORT's error path grows its allocators' arenas in steps
+    assert _fast.live_values() == values
+
+    def checked_failures(n):  # a run that succeeds and an index check that raises after it
+        for _ in range(n):
+            with pytest.raises(RuntimeError, match="index out of range"):
+                checked(x, bad)
+
+    checked_failures(20000)
+    before, values = _rss_bytes(), _fast.live_values()
+    checked_failures(20000)
+    grown = _rss_bytes() - before
+    assert grown < 2 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB over 20k calls raising from an index check"
     assert _fast.live_values() == values
 
 

@@ -367,9 +367,10 @@ class Table(torch.nn.Module):
         return torch.index_select(self.weight, 0, i) * 2 + 1
 
 
-def test_run_failure_retry_keeps_weights_frozen_and_fresh():
-    """An out-of-bounds index fails the ORT run: index_select goes to torch from then on
-    (the call raises as eager); the recompiled graph still freezes the weight and sees changes."""
+def test_run_failure_retry_keeps_weights_frozen_and_fresh(unchecked_indices):
+    """An out-of-bounds index fails the ORT run (with ortlite's index checks off): index_select
+    goes to torch from then on (the call raises as eager); the recompiled graph still freezes
+    the weight and sees changes."""
     model = Table()
     backend = ortlite.Backend()
     compiled = torch.compile(model, backend=backend)

@@ -1,5 +1,6 @@
 """ONNX Runtime failing at run time (a kernel that refuses a dtype, an index out of
-bounds): on the torch.compile path the failing node runs in torch from then on, the call
+bounds where ortlite's index checks are off: on the CPU they raise before ONNX Runtime sees
+such an index, tests/test_index_checks.py): on the torch.compile path the failing node runs in torch from then on, the call
 that failed returns torch's result, one warning names the node and the reason, and ONNX
 Runtime prints nothing to stderr. ortlite.compile and Options(fallback="error") raise
 ortlite.RunError naming the graph."""
@@ -23,7 +24,7 @@ def index_then_scale(x, i):
     return torch.index_select(x, 0, i) * 2 + 1
 
 
-def test_out_of_bounds_index_raises_as_eager_and_later_calls_are_right(warnings_seen, capfd):
+def test_out_of_bounds_index_raises_as_eager_and_later_calls_are_right(unchecked_indices, warnings_seen, capfd):
     backend = ortlite.Backend()
     fn = torch.compile(index_then_scale, backend=backend)
     x = torch.randn(4, 3)
@@ -62,7 +63,7 @@ def test_kernel_refusing_a_dtype_at_run_time_is_routed_around_once(warnings_seen
     assert backend.stats.runs > runs
 
 
-def test_fallback_error_and_aot_raise_run_error():
+def test_fallback_error_and_aot_raise_run_error(unchecked_indices):
     x = torch.randn(4, 3)
     fn = torch.compile(index_then_scale, backend=ortlite.Backend(ortlite.Options(fallback="error")))
     fn(x, torch.tensor([0, 1]))
@@ -90,7 +91,7 @@ class _PositionTable(torch.nn.Module):
         return x + torch.index_select(self.table, 0, torch.arange(x.shape[0])) * 2
 
 
-def test_a_failure_in_the_size_prelude_is_routed_around_as_a_failed_run(warnings_seen, capfd):
+def test_a_failure_in_the_size_prelude_is_routed_around_as_a_failed_run(unchecked_indices, warnings_seen, capfd):
     """ONNX Runtime failing in the size prelude (lower.hoist) is a failed run like any other:
     the node runs in torch from then on, the failing call raises eager's error."""
     model = _PositionTable()

@@ -189,6 +189,15 @@ def any_true(g: GraphBuilder, cond: str, axes: list[int] | None = None, keepdims
     return g.op("Cast", reduced, to=TensorProto.BOOL)
 
 
+def max_min(g: GraphBuilder, a: str, b: str, dtype: torch.dtype, largest: bool) -> str:
+    """Elementwise max (largest) or min of a and b, broadcast. ONNX Runtime's int64 Max/Min
+    (1.31, CPU) compare values in [2**31, 2**32) and [-2**32, -2**31) wrongly: for int64 a
+    Where on Greater/Less, which are exact. (No NaN in integers: the same answer as aten's.)"""
+    if dtype == torch.int64:
+        return g.op("Where", g.op("Greater" if largest else "Less", a, b), a, b)
+    return g.op("Max" if largest else "Min", a, b)
+
+
 def where(g: GraphBuilder, cond: str, a: str, b: str, dtype: torch.dtype) -> str:
     """ONNX Where, also for bool values (ONNX Runtime has no bool Where kernel)."""
     if dtype != torch.bool:

@@ -253,7 +253,7 @@ def rsqrt(g, node, x):
 def relu(g, node, x):
     if is_float(x.dtype):
         return g.op("Relu", x)
-    return g.op("Max", x, g.const(0, x.dtype))
+    return common.max_min(g, x, g.const(0, x.dtype), x.dtype, largest=True)
 
 
 def _gelu_check(node):
@@ -339,11 +339,12 @@ def clamp(g, node, x, min=None, max=None):
     dtype = out_dtype(node)
     result = g.cast(x, dtype)
     # Max/Min (not Clip): they propagate NaN as aten does, and take tensor bounds.
-    upper, lower_ = ("Or", "And") if dtype == torch.bool else ("Max", "Min")
     if min is not None:
-        result = g.op(upper, result, as_value(g, min, dtype))
+        low = as_value(g, min, dtype)
+        result = g.op("Or", result, low) if dtype == torch.bool else common.max_min(g, result, low, dtype, largest=True)
     if max is not None:
-        result = g.op(lower_, result, as_value(g, max, dtype))
+        high = as_value(g, max, dtype)
+        result = g.op("And", result, high) if dtype == torch.bool else common.max_min(g, result, high, dtype, largest=False)
     return result if (min is not None or max is not None) else g.op("Identity", result)
 
 
@@ -625,7 +626,7 @@ def maximum(g, node, a, b):
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
     if dtype == torch.bool:
         return g.op("Or" if node.target is aten.maximum.default else "And", a, b)
-    return g.op("Max" if node.target is aten.maximum.default else "Min", a, b)
+    return common.max_min(g, a, b, dtype, largest=node.target is aten.maximum.default)
 
 
 @lower(aten.fmax.default, aten.fmin.default)
@@ -634,7 +635,7 @@ def fmax(g, node, a, b):
     a, b = as_value(g, a, dtype), as_value(g, b, dtype)
     if dtype == torch.bool:
         return g.op("Or" if node.target is aten.fmax.default else "And", a, b)
-    result = g.op("Max" if node.target is aten.fmax.default else "Min", a, b)
+    result = common.max_min(g, a, b, dtype, largest=node.target is aten.fmax.default)
     if is_float(dtype):  # NaN only where both are NaN
         result = g.op("Where", g.op("IsNaN", a), b, g.op("Where", g.op("IsNaN", b), a, result))
     return result
@@ -698,7 +699,8 @@ def hardtanh(g, node, x, min_val=-1, max_val=1):
     if not is_float(x.dtype):  # aten converts the bounds to the dtype: toward zero
         min_val, max_val = int(min_val), int(max_val)
     # Max/Min propagate NaN as aten does
-    return g.op("Min", g.op("Max", x, g.const(min_val, x.dtype)), g.const(max_val, x.dtype))
+    low = common.max_min(g, x, g.const(min_val, x.dtype), x.dtype, largest=True)
+    return common.max_min(g, low, g.const(max_val, x.dtype), x.dtype, largest=False)
 
 
 def _signbit(g, x: str, dtype) -> str:

@@ -7,14 +7,52 @@ from __future__ import annotations
 import math
 
 import torch
-
+from onnx import TensorProto
 from torch.utils._sympy.functions import Max
 
 from ..builder import TORCH_TO_ONNX, Value, sym_expr
-from ..registry import lower
-from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, known_empty, norm_dim, out_dtype, out_shape, same_shape
+from ..registry import lower, node_tensors
+from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, known_empty, may_be_empty, norm_dim, out_dtype, out_shape, same_shape
 
 INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def checked_index(g, node, index: Value, size, *, negative: bool, message: str, wrap: bool = False) -> Value:
+    """An index (as int64) for a dim of `size`, checked against aten's range: [0, size), or
+    [-size, size) where aten takes negative indices (negative=True; wrap=True: returned as
+    its place in [0, size)). aten raises for an index outside; ONNX's Gather and Scatter
+    family take [-size, size) and fail the run beyond. On the CPU the call raises
+    RuntimeError(message) for an element outside (the runner reads the condition after the
+    run), and such elements are read as 0 so that ONNX Runtime's kernel runs: an unsigned
+    comparison, a bool ReduceMax, a Where or Mod (4 or 5 nodes). On CUDA, where aten's
+    out-of-range index is a device-side assert, the index goes as it is (a check there would
+    need a device-to-host copy and a synchronization every call)."""
+    index = g.cast(index, torch.int64)
+    if any(t.device.type != "cpu" for t in node_tensors(node)) or known_empty(index.shape):
+        return Value(_wrap_negative(g, index, size), torch.int64, index.shape) if negative and wrap else index
+    static = isinstance(size, int)
+    n = g.const(size, torch.int64) if static else g.sym(size)
+    # index in [low, low + span) <=> index - low, as an unsigned number, is below span
+    span = g.const(2 * size if negative else size, torch.int64) if static else (g.op("Add", n, n) if negative else n)
+    shifted = g.op("Add", index, n) if negative else index  # (wrapping past INT64_MAX: then huge, outside)
+    unsigned = lambda v: g.op("Cast", v, to=TensorProto.UINT64)  # noqa: E731
+    outside = g.op("GreaterOrEqual", unsigned(shifted), unsigned(span))
+    if g.opset >= 20 and not may_be_empty(index):  # (ONNX Runtime reduces bools from opset 20, not an empty set)
+        g.fail_if(g.op("ReduceMax", outside, keepdims=0), message)
+    else:
+        g.fail_if(any_true(g, outside), message)
+    if negative and static and size > 0:  # inside: index mod size is its place, as wrap wants
+        return Value(g.op("Mod", shifted, n, fmod=0), torch.int64, index.shape)
+    safe = Value(g.op("Where", outside, g.const(0, torch.int64), index), torch.int64, index.shape)
+    return Value(_wrap_negative(g, safe, size), torch.int64, index.shape) if negative and wrap else safe
+
+
+def out_of_bounds(dim: int, size) -> str:
+    """aten's message for an index outside a dim (without the index: the check sees them all)."""
+    return f"index out of bounds for dimension {dim} with size {size}"
+
+
+OUT_OF_RANGE = "index out of range in self"  # aten's for embedding, index_select, index_reduce
 
 
 def _wrap_negative(g, index: Value, size) -> str:
@@ -35,7 +73,7 @@ def _index_check(node):
     return None
 
 
-def _gather_layout(g, x: Value, indices):
+def _gather_layout(g, node, x: Value, indices):
     """Moves the indexed dims of x to the front (in order) and stacks the broadcast index
     tensors on a last axis: what GatherND / ScatterND take. Returns (moved x, stacked
     indices, perm, broadcast shape, positions of the indexed dims)."""
@@ -45,7 +83,7 @@ def _gather_layout(g, x: Value, indices):
     shape = broadcast_shape(*(indices[d].shape for d in positions))
     columns = []
     for d in positions:
-        index = _wrap_negative(g, indices[d], x.shape[d])
+        index = checked_index(g, node, indices[d], x.shape[d], negative=True, message=out_of_bounds(d, x.shape[d]), wrap=True)
         index = g.expand(Value(index, torch.int64, indices[d].shape), shape) if not same_shape(indices[d].shape, shape) else index
         columns.append(g.op("Unsqueeze", index, g.ints([len(shape)])))
     stacked = g.op("Concat", *columns, axis=-1) if len(columns) > 1 else columns[0]
@@ -71,8 +109,9 @@ def index(g, node, x, indices):
     positions = [d for d, i in enumerate(indices) if i is not None]
     if len(positions) == 1:
         (d,) = positions
-        return g.op("Gather", x, g.cast(indices[d], torch.int64), axis=d)  # Gather takes negative indices
-    moved, stacked, perm, shape, positions = _gather_layout(g, x, indices)
+        index = checked_index(g, node, indices[d], x.shape[d], negative=True, message=out_of_bounds(d, x.shape[d]))
+        return g.op("Gather", x, index, axis=d)  # Gather takes negative indices
+    moved, stacked, perm, shape, positions = _gather_layout(g, node, x, indices)
     result = g.op("GatherND", moved, stacked)
     back = _result_perm(len(shape), positions, x.rank)
     return g.op("Transpose", result, perm=back) if back else result
@@ -106,7 +145,7 @@ def index_put(g, node, x, indices, values, accumulate=False):
     if mask_put:
         return _mask_index_put(g, node, x, indices, values, accumulate, *mask_put)
     indices = list(indices) + [None] * (x.rank - len(indices))
-    moved, stacked, perm, shape, positions = _gather_layout(g, x, indices)
+    moved, stacked, perm, shape, positions = _gather_layout(g, node, x, indices)
     # values broadcast to x[indices] (aten's layout), then into GatherND's layout
     rest = [x.shape[d] for d in perm[len(positions):]]
     back = _result_perm(len(shape), positions, x.rank)
@@ -157,8 +196,9 @@ def _as_1d(g, x: Value) -> Value:
 
 @lower(aten.index_select.default)
 def index_select(g, node, x, dim, index):
-    index = g.op("Reshape", g.cast(index, torch.int64), g.ints([-1]))
-    result = g.op("Gather", _as_1d(g, x), index, axis=norm_dim(dim, max(x.rank, 1)))
+    x1, axis = _as_1d(g, x), norm_dim(dim, max(x.rank, 1))
+    index = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=OUT_OF_RANGE)
+    result = g.op("Gather", x1, index, axis=axis)
     return g.op("Reshape", result, g.ints(out_shape(node))) if x.rank == 0 else result
 
 
@@ -173,7 +213,9 @@ def _gather_check(node):
 def gather(g, node, x, dim, index, sparse_grad=False):
     if any(isinstance(d, int) and d == 0 for d in index.shape):
         return g.op("Expand", g.const(0, x.dtype), g.shape(index.shape))
-    result = g.op("GatherElements", _as_1d(g, x), _as_1d(g, g.cast(index, torch.int64)), axis=norm_dim(dim, max(x.rank, 1)))
+    x1, axis = _as_1d(g, x), norm_dim(dim, max(x.rank, 1))
+    checked = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=out_of_bounds(axis, x1.shape[axis]))
+    result = g.op("GatherElements", x1, checked, axis=axis)
     return g.op("Reshape", result, g.shape(out_shape(node))) if index.rank == 0 else result
 
 
@@ -230,9 +272,10 @@ def scatter(g, node, x, dim, index, src, reduce=None, *, include_self=True):
     if 0 in index.shape:
         return g.op("Identity", x)
     x1 = _as_1d(g, x)
-    index = _as_1d(g, g.cast(index, torch.int64))
+    axis = norm_dim(dim, x1.rank)
+    index = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=out_of_bounds(axis, x1.shape[axis]))
     src = _as_1d(g, src) if isinstance(src, Value) else src
-    result = _scatter_elements(g, x1, norm_dim(dim, x1.rank), index, _updates(g, src, index, x.dtype), _reduce_arg(node), include_self)
+    result = _scatter_elements(g, x1, axis, index, _updates(g, src, index, x.dtype), _reduce_arg(node), include_self)
     return g.op("Reshape", result, g.ints([])) if x.rank == 0 else result
 
 
@@ -289,11 +332,95 @@ def index_reduce(g, node, x, dim, index, source, reduce, *, include_self=True):
         result = index_reduce(g, node, _as_1d(g, x), dim, index, _as_1d(g, source), reduce, include_self=include_self)
         return g.op("Reshape", result, g.ints([]))
     dim = norm_dim(dim, x.rank)
+    index = checked_index(g, node, index, x.shape[dim], negative=False, message=OUT_OF_RANGE)
+    return _scatter_elements(g, x, dim, _spread_index(g, index, source, dim), g.cast(source, x.dtype), reduce, include_self)
+
+
+def _spread_index(g, index: Value, source: Value, dim: int) -> Value:
+    """An index of whole slices along dim, spread over source's shape (ScatterElements')."""
     shape = [1] * source.rank
     shape[dim] = source.shape[dim]
-    spread = g.op("Expand", g.op("Reshape", g.cast(index, torch.int64), g.ints(shape)), g.ints(source.shape))
-    spread = Value(spread, torch.int64, source.shape)
-    return _scatter_elements(g, x, dim, spread, g.cast(source, x.dtype), reduce, include_self)
+    return Value(g.op("Expand", g.op("Reshape", index, g.ints(shape)), g.ints(source.shape)), torch.int64, source.shape)
+
+
+def _index_add_check(node):
+    x, index, source = arg_val(node, 0), arg_val(node, 2), arg_val(node, 3)
+    alpha = node.kwargs.get("alpha", 1)
+    if max(x.dim(), 1) != max(source.dim(), 1) or index.dim() > 1:
+        return "index_add of a source of another rank"
+    if x.dtype == torch.bool and alpha != 1:
+        return "index_add of bools with alpha"
+    return None
+
+
+@lower(aten.index_add.default, check=_index_add_check)
+def index_add(g, node, x, dim, index, source, *, alpha=1):
+    """aten's index_add takes indices in [0, n) only (its decomposition into index_put
+    would take [-n, n))."""
+    if x.rank == 0 or source.rank == 0:
+        result = index_add(g, node, _as_1d(g, x), 0, index, _as_1d(g, source), alpha=alpha)
+        return g.op("Reshape", result, g.ints(out_shape(node)))
+    dim = norm_dim(dim, x.rank)
+    index = checked_index(g, node, _as_1d(g, index), x.shape[dim], negative=False, message=out_of_bounds(dim, x.shape[dim]))
+    if known_empty(source.shape):
+        return g.op("Identity", x)
+    updates = g.cast(source, x.dtype)
+    if alpha != 1:
+        updates = Value(g.op("Mul", updates, g.const(alpha, x.dtype)), x.dtype, source.shape)
+    return _scatter_elements(g, x, dim, _spread_index(g, index, source, dim), updates, "sum", True)
+
+
+def _index_fill_check(node):
+    index, value = arg_val(node, 2), arg_val(node, 3)
+    if index.dtype != torch.int64:
+        return f"index_fill with a {index.dtype} index (aten raises)"
+    if index.dim() > 1:
+        return "index_fill with an index of rank > 1"
+    if isinstance(value, torch.Tensor) and value.dim() != 0:
+        return "index_fill with a value that is not 0-d"
+    return None
+
+
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, check=_index_fill_check)
+def index_fill(g, node, x, dim, index, value):
+    """aten's index_fill takes indices in [-n, n) (its decomposition goes through
+    index_copy, which takes [0, n))."""
+    if x.rank == 0:
+        result = index_fill(g, node, _as_1d(g, x), 0, index, value)
+        return g.op("Reshape", result, g.ints([]))
+    dim = norm_dim(dim, x.rank)
+    index = _as_1d(g, index)
+    shape = list(x.shape)
+    shape[dim] = index.shape[0]
+    index = checked_index(g, node, index, x.shape[dim], negative=True, message=out_of_bounds(dim, x.shape[dim]), wrap=True)
+    if known_empty(shape):
+        return g.op("Identity", x)
+    fill = g.op("Expand", g.cast(value, x.dtype) if isinstance(value, Value) else g.const(value, x.dtype), g.shape(shape))
+    spread = _spread_index(g, index, Value(fill, x.dtype, shape), dim)
+    return g.op("ScatterElements", x, spread, fill, axis=dim)
+
+
+def _index_copy_check(node):
+    x, index, source = arg_val(node, 0), arg_val(node, 2), arg_val(node, 3)
+    if index.dtype != torch.int64:
+        return f"index_copy with a {index.dtype} index (aten raises)"
+    if max(x.dim(), 1) != max(source.dim(), 1) or index.dim() > 1:
+        return "index_copy of a source of another rank"
+    return None
+
+
+@lower(aten.index_copy.default, check=_index_copy_check)
+def index_copy(g, node, x, dim, index, source):
+    """aten's index_copy takes indices in [0, n) only (its decomposition into index_put
+    would take [-n, n)). Repeated indices: the last copy wins (aten leaves it unspecified)."""
+    if x.rank == 0 or source.rank == 0:
+        result = index_copy(g, node, _as_1d(g, x), 0, index, _as_1d(g, source))
+        return g.op("Reshape", result, g.ints(out_shape(node)))
+    dim = norm_dim(dim, x.rank)
+    index = checked_index(g, node, _as_1d(g, index), x.shape[dim], negative=False, message="index_copy_(): " + out_of_bounds(dim, x.shape[dim]))
+    if known_empty(source.shape):
+        return g.op("Identity", x)
+    return g.op("ScatterElements", x, _spread_index(g, index, source, dim), g.cast(source, x.dtype), axis=dim)
 
 
 def _masked_scatter_check(node):
@@ -343,7 +470,9 @@ def embedding_renorm(g, node, weight, indices, max_norm, norm_type):
     """aten's embedding_renorm_: each row indices name (once, however often named) whose
     norm exceeds max_norm is scaled by max_norm / (norm + 1e-7), computed in double."""
     rows = weight.shape[0]
-    named = g.op("ScatterElements", g.const(torch.zeros(rows)), g.op("Reshape", g.cast(indices, torch.int64), g.ints([-1])), g.op("Expand", g.const(1.0), g.shape([math.prod(indices.shape)])), axis=0, reduction="max")
+    flat = Value(g.op("Reshape", g.cast(indices, torch.int64), g.ints([-1])), torch.int64, (math.prod(indices.shape),))
+    flat = checked_index(g, node, flat, rows, negative=False, message=OUT_OF_RANGE)
+    named = g.op("ScatterElements", g.const(torch.zeros(rows)), flat, g.op("Expand", g.const(1.0), g.shape([math.prod(indices.shape)])), axis=0, reduction="max")
     magnitude = g.op("Abs", weight)
     axes = g.ints([1])
     if norm_type == 2:
@@ -460,7 +589,8 @@ def searchsorted(g, node, seq, values, *, out_int32=False, right=False, side=Non
     if known_empty(out_shape(node)) or known_empty(seq.shape[-1:]):
         return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
     if sorter is not None:  # aten reads the sequence through sorter
-        seq = Value(g.op("GatherElements", seq, g.cast(sorter, torch.int64), axis=-1), seq.dtype, seq.shape)
+        sorter = checked_index(g, node, sorter, seq.shape[-1], negative=False, message="torch.searchsorted(): sorter index out of range")
+        seq = Value(g.op("GatherElements", seq, sorter, axis=-1), seq.dtype, seq.shape)
     return _binary_search(g, node, seq, values, right or side == "right", out_int32)
 
 
@@ -471,12 +601,19 @@ def bucketize(g, node, values, boundaries, *, out_int32=False, right=False):
     return _binary_search(g, node, boundaries, values, right, out_int32)
 
 
-@lower(aten.put.default)
+def _put_check(node):
+    index = arg_val(node, 1)
+    return None if index.dtype == torch.int64 else f"put with a {index.dtype} index (aten raises)"
+
+
+@lower(aten.put.default, check=_put_check)
 def put(g, node, x, index, source, accumulate=False):
     n = math.prod(x.shape)
     if math.prod(index.shape) == 0:
         return g.op("Identity", x)
-    flat_index = _wrap_negative(g, Value(g.op("Reshape", index, g.ints([-1])), index.dtype, (-1,)), n)
+    flat_index = Value(g.op("Reshape", index, g.ints([-1])), index.dtype, (math.prod(index.shape),))
+    message = f"out of range: tried to access an index outside a tensor of {n} elements"
+    flat_index = checked_index(g, node, flat_index, n, negative=True, message=message, wrap=True)
     flat = g.op("Reshape", x, g.ints([n]))  # a 0-d x too
     updates = g.op("Reshape", g.cast(source, x.dtype), g.ints([-1]))
     if accumulate and x.dtype == torch.bool:  # adding bools is "or": count, then nonzero

@@ -10,7 +10,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..builder import Value
 from ..registry import lower
-from .common import any_true, aten, arg_val, as_value, is_float, is_static, known_empty, may_be_zero, out_dtype, out_shape
+from .common import any_true, aten, arg_val, as_value, broadcast_shape, is_float, is_static, known_empty, may_be_zero, out_dtype, out_shape
+from .reduction import int_sum
 
 
 def _empty_inner(a) -> bool:
@@ -119,6 +120,9 @@ def addbmm(g, node, bias, a, b, *, beta=1, alpha=1):
         if beta != 0:
             product = g.op("Add", g.op("Mul", g.cast(bias, f32), g.const(beta, f32)), product)
         return g.cast(Value(product, f32, ()), out_dtype(node))
+    elif not is_float(a.dtype):  # summed exactly in int64 (ONNX Runtime's int ReduceSum saturates, and rounds int64)
+        products = g.cast(Value(g.op("MatMul", a, b), a.dtype, (a.shape[0], a.shape[1], b.shape[2])), torch.int64)
+        product = g.cast(Value(int_sum(g, products, [0], False, a.dtype), torch.int64, ()), a.dtype)
     else:
         product = g.op("ReduceSum", g.op("MatMul", a, b), g.ints([0]), keepdims=0)
     return _scaled_sum(g, node, product, bias, beta, alpha)
@@ -133,6 +137,16 @@ def trilinear(g, node, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim
     product = g.op("Mul", g.op("Mul", parts[0], parts[1]), parts[2])
     if not sumdim:
         return product
+    dtype = out_dtype(node)
+    if not is_float(dtype) and dtype != torch.bool:  # summed exactly in int64, as addbmm's
+        shapes = []
+        for k, expand in enumerate((expand1, expand2, expand3)):
+            shape = list(arg_val(node, k).shape)
+            for d in sorted(expand):
+                shape.insert(d, 1)
+            shapes.append(shape)
+        shape = broadcast_shape(*shapes)
+        return g.cast(Value(int_sum(g, g.cast(Value(product, dtype, shape), torch.int64), sorted(sumdim), False, dtype), torch.int64, ()), dtype)
     return g.op("ReduceSum", product, g.ints(sorted(sumdim)), keepdims=0)
 
 

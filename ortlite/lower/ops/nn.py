@@ -133,7 +133,9 @@ def _wide_output_padding(g, node, x, weight, bias, stride, padding, dilation, gr
 
 @lower(aten.embedding.default)
 def embedding(g, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return g.op("Gather", weight, indices, axis=0)
+    from .index import OUT_OF_RANGE, checked_index
+
+    return g.op("Gather", weight, checked_index(g, node, indices, weight.shape[0], negative=False, message=OUT_OF_RANGE), axis=0)
 
 
 

@@ -277,6 +277,8 @@ def _avg_pool_check(node):
     if x.dim() not in (spatial + 1, spatial + 2):
         return "input rank"
     if not is_float(x.dtype):
+        if x.dtype != torch.int64 or x.device.type != "cpu":  # aten's kernels take no other integers
+            return f"avg_pool of {x.dtype} on {x.device.type} (aten raises)"
         return _int_window_check(x, out_shape(node)[-spatial:], node.args[1], spatial)
     if not is_static(x.shape[-spatial:]):
         args = dict(zip(["x", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"], node.args), **node.kwargs)

@@ -8,7 +8,7 @@ import torch
 
 from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
-from .common import any_true, arg_val, aten, is_float, known_empty, may_be_zero, norm_dims, out_dtype, where
+from .common import INT_DTYPES, any_true, arg_val, aten, is_float, known_empty, may_be_zero, norm_dims, out_dtype, where
 
 
 def _reduce(g, node, op_type, x, dims, keepdim):
@@ -34,7 +34,108 @@ def _nonempty_check(node):
 
 @lower(aten.sum.dim_IntList, aten.sum.default)
 def sum_(g, node, x, dim=None, keepdim=False, *, dtype=None):
+    if out_dtype(node) in INT_DTYPES:
+        return _int_reduce(g, node, x, dim, keepdim, int_sum)
     return _reduce(g, node, "ReduceSum", x, dim, keepdim)
+
+
+# -- integers: ONNX Runtime's (1.31, CPU) int64 ReduceSum and ReduceProd accumulate in double
+# (not exact past 2**53, saturating where aten wraps), its int32 ones saturate, and its int64
+# ReduceMax/ReduceMin (8 elements and more) and Max/Min compare values in [2**31, 2**32) and
+# [-2**32, -2**31) wrongly. Integer reductions are computed in int64 from exact kernels
+# (CumSum, Mul, ArgMax/ArgMin, Gather), then cast to the result dtype: wrapping as aten's do.
+
+
+def _int_reduce(g, node, x: Value, dims, keepdim, exact):
+    """An integer sum or prod over dims (None or []: all) by exact(g, x64, axes, keepdim),
+    computed in int64 and cast to the node's dtype."""
+    x64 = g.cast(x, torch.int64)
+    if x.rank == 0:
+        return g.cast(Value(g.op("Identity", x64), torch.int64, ()), out_dtype(node))
+    axes = sorted(norm_dims(dims, x.rank)) if dims else list(range(x.rank))
+    total = exact(g, x64, axes, keepdim, source_dtype=x.dtype)
+    return g.cast(Value(total, torch.int64, ()), out_dtype(node))
+
+
+def _sums_exactly_in_double(dtype: torch.dtype, count) -> bool:
+    """Does ORT's ReduceSum (accumulating in double) give the exact sum of `count` values of
+    dtype? When every partial sum stays below 2**53: for count * the largest magnitude below
+    2**53 known now; always for bool and 8-bit values (2**46 of them: 64 TiB)."""
+    if dtype == torch.bool or dtype in (torch.int8, torch.uint8):
+        return True
+    info = torch.iinfo(dtype) if dtype in INT_DTYPES else None
+    return info is not None and isinstance(count, int) and count * max(-info.min, info.max) < 2**53
+
+
+def int_sum(g, x: Value, axes: list[int], keepdim: bool, source_dtype: torch.dtype) -> str:
+    """The exact sum of int64 x over (sorted) axes, wrapping as aten's; source_dtype: the
+    dtype x's values came from (what bounds them)."""
+    count = math.prod(x.shape[a] for a in axes)
+    if _sums_exactly_in_double(source_dtype, count):
+        return g.op("ReduceSum", x, g.ints(axes), keepdims=int(keepdim))
+    # the last of a running sum (CumSum adds in int64, wrapping as aten does)
+    y, axis = _merged(g, x, axes)
+    if may_be_zero(y.shape[axis]):  # a 0 first: the sum of nothing is 0
+        pads = [0] * (2 * y.rank)
+        pads[axis] = 1
+        y = Value(g.op("Pad", y, g.ints(pads), g.const(0, torch.int64)), y.dtype, y.shape[:axis] + (y.shape[axis] + 1,) + y.shape[axis + 1 :])
+    running = g.op("CumSum", y, g.const(axis, torch.int64))
+    return _unmerged(g, g.op("Slice", running, g.ints([-1]), g.ints([2**62]), g.ints([axis])), axes, axis, keepdim)
+
+
+def _exact_prod(g, x: Value, axes, keepdim, source_dtype=None):
+    """The product by halving: the first half times the second, until one is left (int64 Mul
+    wraps as aten's does, and a product modulo 2**64 does not depend on the order). Of bools
+    (0 and 1): ReduceProd."""
+    if source_dtype == torch.bool:
+        return g.op("ReduceProd", x, g.ints(axes), keepdims=int(keepdim))
+    y, axis = _merged(g, x, axes)
+    n = y.shape[axis]
+    if not isinstance(n, int):  # the last of a running product: ceil(log2 n) doubling steps
+        pads = [0] * (2 * y.rank)
+        pads[axis] = 1  # a 1 first: the product of nothing is 1
+        y = Value(g.op("Pad", y, g.ints(pads), g.const(1, torch.int64)), y.dtype, y.shape[:axis] + (n + 1,) + y.shape[axis + 1 :])
+        (running,) = _scan(g, [y], axis, [1], lambda b, earlier, later: [b.op("Mul", earlier[0], later[0])])
+        return _unmerged(g, g.op("Slice", running, g.ints([-1]), g.ints([2**62]), g.ints([axis])), axes, axis, keepdim)
+    if n == 0:
+        shape = list(y.shape)
+        shape[axis] = 1
+        return _unmerged(g, g.op("Expand", g.const(1, torch.int64), g.shape(shape)), axes, axis, keepdim)
+    while n > 1:
+        half = n // 2
+        product = g.op("Mul", g.op("Slice", y, g.ints([0]), g.ints([half]), g.ints([axis])), g.op("Slice", y, g.ints([half]), g.ints([2 * half]), g.ints([axis])))
+        if n % 2:
+            product = g.op("Concat", product, g.op("Slice", y, g.ints([2 * half]), g.ints([n]), g.ints([axis])), axis=axis)
+        n = half + n % 2
+        y = Value(product, y.dtype, y.shape[:axis] + (n,) + y.shape[axis + 1 :])
+    return _unmerged(g, y, axes, axis, keepdim)
+
+
+def int64_extreme(g, x: Value, axes: list[int], keepdim: bool, largest: bool) -> str:
+    """amax/amin of int64 values: the value ArgMax/ArgMin point at (both exact)."""
+    y, axis = _merged(g, x, axes)
+    index = g.op("ArgMax" if largest else "ArgMin", y, axis=axis, keepdims=1, select_last_index=0)
+    return _unmerged(g, g.op("GatherElements", y, index, axis=axis), axes, axis, keepdim)
+
+
+def _merged(g, x: Value, axes: list[int]) -> tuple[Value, int]:
+    """x with the (sorted) reduced axes as one: the axis itself where there is one, else
+    those axes moved last and merged. Returns (that value, the axis)."""
+    if len(axes) == 1:
+        return x, axes[0]
+    kept = [d for d in range(x.rank) if d not in axes]
+    perm = kept + list(axes)
+    moved = g.op("Transpose", x, perm=perm) if perm != list(range(x.rank)) else x
+    shape = [x.shape[d] for d in kept] + [math.prod(x.shape[a] for a in axes)]
+    return Value(g.op("Reshape", moved, g.shape(shape), allowzero=1), x.dtype, shape), len(kept)
+
+
+def _unmerged(g, reduced: str, axes: list[int], axis: int, keepdim: bool) -> str:
+    """A reduction over _merged's axis (there of size 1) in aten's layout."""
+    if len(axes) == 1:
+        return reduced if keepdim else g.op("Squeeze", reduced, g.ints([axis]))
+    squeezed = g.op("Squeeze", reduced, g.ints([axis]))
+    return g.op("Unsqueeze", squeezed, g.ints(axes)) if keepdim else squeezed
 
 
 @lower(aten.mean.dim, aten.mean.default)
@@ -49,12 +150,19 @@ def mean(g, node, x, dim=None, keepdim=False, *, dtype=None):
 
 @lower(aten.amax.default, check=_nonempty_check)
 def amax(g, node, x, dim=(), keepdim=False):
-    return _propagate_nan(g, node, x, dim, keepdim, _reduce(g, node, "ReduceMax", x, dim, keepdim))
+    return _propagate_nan(g, node, x, dim, keepdim, _extreme(g, node, x, dim, keepdim, largest=True))
 
 
 @lower(aten.amin.default, check=_nonempty_check)
 def amin(g, node, x, dim=(), keepdim=False):
-    return _propagate_nan(g, node, x, dim, keepdim, _reduce(g, node, "ReduceMin", x, dim, keepdim))
+    return _propagate_nan(g, node, x, dim, keepdim, _extreme(g, node, x, dim, keepdim, largest=False))
+
+
+def _extreme(g, node, x: Value, dims, keepdim, largest: bool) -> str:
+    """ReduceMax/ReduceMin over dims (None or []: all), exact for int64 too."""
+    if x.dtype == torch.int64 and x.rank:
+        return int64_extreme(g, x, sorted(norm_dims(dims, x.rank)) if dims else list(range(x.rank)), keepdim, largest)
+    return _reduce(g, node, "ReduceMax" if largest else "ReduceMin", x, dims, keepdim)
 
 
 def _propagate_nan(g, node, x, dim, keepdim, reduced):
@@ -78,6 +186,8 @@ def prod(g, node, x, dim=None, keepdim=False, *, dtype=None):
         dim = None
     elif isinstance(dim, int):
         dim = [dim]
+    if out_dtype(node) in INT_DTYPES:
+        return _int_reduce(g, node, x, dim, keepdim, _exact_prod)
     return _reduce(g, node, "ReduceProd", x, dim, keepdim)
 
 
@@ -151,14 +261,13 @@ def max_dim(g, node, x, dim, keepdim=False):
     largest = node.target is aten.max.dim
     if x.rank == 0:
         return g.op("Identity", x), g.op("Identity", g.const(0, torch.int64))
-    values = _propagate_nan(g, node, x, [dim], keepdim, _reduce(g, node, "ReduceMax" if largest else "ReduceMin", x, [dim], keepdim))
+    values = _propagate_nan(g, node, x, [dim], keepdim, _extreme(g, node, x, [dim], keepdim, largest))
     return values, _arg_reduce(g, x, norm_dims(dim, x.rank)[0], keepdim, largest)
 
 
 @lower(aten.max.default, aten.min.default, check=_arg_check)
 def max_all(g, node, x):
-    op_type = "ReduceMax" if node.target is aten.max.default else "ReduceMin"
-    return _propagate_nan(g, node, x, None, False, _reduce(g, node, op_type, x, None, False))
+    return _propagate_nan(g, node, x, None, False, _extreme(g, node, x, None, False, largest=node.target is aten.max.default))
 
 
 def _correction(node):
@@ -199,10 +308,12 @@ def var(g, node, x, dim=None, *, correction=None, keepdim=False):
 
 @lower(aten.cumsum.default)
 def cumsum(g, node, x, dim, *, dtype=None):
-    x = g.cast(x, out_dtype(node))
+    # integers add in int64 (ONNX Runtime's CumSum has no 8- and 16-bit kernels), wrapping
+    # as aten's do, then are cast to the result dtype
+    x = g.cast(x, torch.int64 if out_dtype(node) in INT_DTYPES else out_dtype(node))
     if x.rank == 0:
-        return g.op("Identity", x)
-    return g.op("CumSum", x, g.const(norm_dims(dim, x.rank)[0], torch.int64))
+        return g.cast(Value(g.op("Identity", x), x.dtype, ()), out_dtype(node))
+    return g.cast(Value(g.op("CumSum", x, g.const(norm_dims(dim, x.rank)[0], torch.int64)), x.dtype, x.shape), out_dtype(node))
 
 
 def _norm_check(node):
@@ -267,7 +378,7 @@ def cumprod(g, node, x, dim, *, dtype=None):
     if x.rank == 0 or known_empty(x.shape):
         return g.op("Identity", x)
     axis = norm_dims(dim, x.rank)[0]
-    if _spreads(x, axis):
+    if _spreads(x, axis) and is_float(x.dtype):  # (ReduceProd is not exact for integers)
         # out[i] = prod over j <= i, as a ReduceProd of x spread over a new axis with ones
         # above the diagonal
         return g.op("ReduceProd", _spread(g, x, axis, 1), g.ints([axis + 1]), keepdims=0)
@@ -353,8 +464,10 @@ def _spread(g, x: Value, axis: int, fill):
 
 def _accumulated(g, x: Value) -> Value:
     """x in the dtype aten's CPU cumulative kernels accumulate in (acc_type: double for
-    float32, float for half types)."""
+    float32, float for half types); integers in int64 (ONNX Runtime multiplies no 8- and
+    16-bit ones; the product modulo 2**bits is the same)."""
     acc = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}.get(x.dtype, x.dtype)
+    acc = torch.int64 if acc in INT_DTYPES else acc
     return g.cast(x, acc)
 
 
@@ -420,7 +533,10 @@ def cummax(g, node, x, dim):
     info = torch.finfo(x.dtype) if is_float(x.dtype) else torch.iinfo(x.dtype)
     spread = _spread(g, x, axis, info.min if largest else info.max)
     j = g.ints([axis + 1])
-    values = g.op("ReduceMax" if largest else "ReduceMin", spread, j, keepdims=1)
+    if x.dtype == torch.int64:
+        values = int64_extreme(g, Value(spread, x.dtype, x.shape[:axis] + (n, n) + x.shape[axis + 1 :]), [axis + 1], True, largest)
+    else:
+        values = g.op("ReduceMax" if largest else "ReduceMin", spread, j, keepdims=1)
     # aten's index: the last j <= i holding the running max (>= / <= keep moving it);
     # once a NaN is seen the value is NaN and the index the last NaN
     position = g.const(torch.arange(n, dtype=torch.int64).view([1, n] + [1] * (x.rank - axis - 1)))

@@ -99,7 +99,9 @@ def int_convolution(g: GraphBuilder, x: Value, weight: Value, bias, out_shape, t
 
 def int_avg_pool(g: GraphBuilder, x: Value, table: torch.Tensor, divisor: torch.Tensor, nonempty: torch.Tensor, out_shape, dtype) -> str:
     """aten's integer average: the window sum (int64) divided by the divisor, truncating."""
-    sums = g.op("ReduceSum", gather_windows(g, x, table, 0), g.ints([3]), keepdims=0)
+    from .reduction import int_sum  # (ONNX Runtime's int64 ReduceSum goes through double)
+
+    sums = int_sum(g, gather_windows(g, x, table, 0), [3], False, x.dtype)
     divisor = torch.where(nonempty, divisor, torch.ones(())).to(I64).reshape(-1)  # empty windows give 0
     result = g.op("Div", sums, g.const(divisor))
     if not bool(nonempty.all()):
@@ -121,7 +123,12 @@ def max_pool(g: GraphBuilder, x: Value, table: torch.Tensor, out_shape, with_ind
     if dtype != I64:
         is_nan = g.op("IsNaN", windows)
         windows = Value(g.op("Where", is_nan, g.const(lowest, dtype), windows), dtype, windows.shape)
-    values = g.op("ReduceMax", windows, g.ints([3]), keepdims=1)
+    if x.dtype == I64:  # ONNX Runtime's int64 ReduceMax is wrong for values in [2**31, 2**32)
+        from .reduction import int64_extreme
+
+        values = int64_extreme(g, windows, [3], True, largest=True)
+    else:
+        values = g.op("ReduceMax", windows, g.ints([3]), keepdims=1)
     if is_nan is not None:
         has_nan = any_true(g, is_nan, [3], keepdims=True)
         values = g.op("Where", has_nan, g.const(math.nan, dtype), values)
