@@ -11,6 +11,7 @@ per-call times; the difference is the checks' cost.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -35,13 +36,13 @@ def unchecked(g, node, index, size, *, negative, message):
 
 
 def build(model, ids, checks: bool):
+    """Both compiled forms of model (an instance of its own: Dynamo's cache entry for it is
+    not the other candidate's), compiled now, while the check function is the chosen one."""
     real = index_ops.checked_index
     index_ops.checked_index = real if checks else unchecked
     try:
-        torch._dynamo.reset()
-        backend = ortlite.Backend()
-        dyn = torch.compile(model, backend=backend)
-        dyn(ids)  # compile now, while the check function is the chosen one
+        dyn = torch.compile(model, backend=ortlite.Backend())
+        dyn(ids)
         aot = ortlite.compile(model, (ids,))
     finally:
         index_ops.checked_index = real
@@ -68,10 +69,19 @@ def main():
     ids = torch.randint(0, 1000, (1, args.tokens))
     with torch.no_grad():
         dyn_on, aot_on, nodes_on = build(model, ids, True)
-        dyn_off, aot_off, nodes_off = build(model, ids, False)
+        dyn_off, aot_off, nodes_off = build(copy.deepcopy(model), ids, False)
         expected = model(ids)
         for fn in (dyn_on, aot_on, dyn_off, aot_off):
             assert torch.allclose(fn(ids), expected, atol=1e-6)
+        negative = torch.full_like(ids, -1)  # what each candidate claims: raise (checks) or read row -1 (none)
+        for fn in (dyn_on, aot_on):
+            try:
+                fn(negative)
+                raise AssertionError("a candidate with checks took index -1")
+            except RuntimeError as e:
+                assert "index out of range" in str(e)
+        for fn in (dyn_off, aot_off):
+            fn(negative)
         candidates = {"torch.compile, checks": dyn_on, "torch.compile, none": dyn_off, "ortlite.compile, checks": aot_on, "ortlite.compile, none": aot_off}
         times = {name: [] for name in candidates}
         for _ in range(args.rounds):
