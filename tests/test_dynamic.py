@@ -355,13 +355,16 @@ def test_sessions_whose_sizes_vary_without_a_key_make_no_memory_plans(monkeypatc
     """Where the graph has no key input (CUDA graphs; CPU graphs saved before it existed),
     ONNX Runtime's own key is distinct per size and it would keep every plan: such
     sessions are made with memory patterns off. (On CPU here: the key input is taken away.)"""
+    import ortlite.loading
     import ortlite.lower
     import ortlite.session
 
     monkeypatch.setattr(ortlite.lower, "_sizes_vary", lambda inputs, outputs: False)
     made = []
     real = ortlite.session.create_session
-    monkeypatch.setattr(ortlite.session, "create_session", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    record = lambda *a, **k: made.append(real(*a, **k)) or made[-1]  # noqa: E731
+    monkeypatch.setattr(ortlite.session, "create_session", record)
+    monkeypatch.setattr(ortlite.loading, "create_session", record)  # (ortlite.load's, imported from session)
     fn = torch.compile(lambda x: torch.relu(x) * 2, backend=ortlite.Backend(), dynamic=True)
     static = torch.compile(lambda x: torch.relu(x) * 3, backend=ortlite.Backend(), dynamic=False)
     for n in (2, 3, 4):
