@@ -448,7 +448,7 @@ def describe_mismatch(graph, index, input_name, dtype, device_index, shape, got)
         return TypeError(f"{where}: expected {expected}, got {actual}")
     if got.layout != torch.strided:
         return TypeError(f"{where}: expected {expected}, got a {str(got.layout).removeprefix('torch.')} tensor (ortlite binds strided tensors' memory: pass .to_dense())")
-    if type(got) is not torch.nn.Parameter and type(got).__torch_function__.__func__ is not torch.Tensor.__torch_function__.__func__:
+    if _fast.overrides_torch_function(got):
         return TypeError(
             f"{where}: expected {expected}, got a {type(got).__name__}, a tensor subclass with a __torch_function__ of its own, "
             "which ortlite.compile cannot run (torch.compile(backend='ortlite') runs it; or pass x.as_subclass(torch.Tensor))"

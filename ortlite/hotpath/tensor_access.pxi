@@ -448,6 +448,12 @@ cdef bint _overrides_torch_function(a):
 _tensor_torch_function = Tensor.__torch_function__.__func__
 
 
+def overrides_torch_function(a):
+    """Whether a is of a tensor subclass with a __torch_function__ of its own (what
+    ortlite.compile refuses: there is no Dynamo to run it)."""
+    return _overrides_torch_function(a)
+
+
 cdef _materialized(a):
     """A contiguous tensor holding a's values (see _lazy)."""
     if a._is_zerotensor():
