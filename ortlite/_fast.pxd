@@ -183,7 +183,7 @@ cdef class Runner:
     cdef object sizes_fn         # symbolic sizes: args -> (output shapes, size outputs); None when static
     cdef list failure_outputs    # ORT output indices of 0-d bool (CPU) conditions: raise when true
     cdef list failure_messages
-    cdef list failure_to_torch   # per condition: fail the run (on_run_failure) rather than raise
+    cdef list failure_errors     # per condition: the exception type to raise; None: fail the run (on_run_failure)
     cdef bint takes_boxed        # built for aot_autograd's boxed calls: one list argument, cleared
     cdef readonly object size_constants  # args -> tensors, the inputs after the arguments (ortlite.lower.hoist); None: none
     cdef object replacement      # once set (ORT failed, weights keep changing, sizes keep changing): calls go to it

@@ -18,7 +18,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from . import _fast
 from .frozen import BoundWeights, FrozenWeights
 from .lower import LoweredGraph, sizes_vary
-from .lower.builder import TORCH_TO_ONNX, sym_expr
+from .lower.builder import FAILURE_ERRORS, TO_TORCH, TORCH_TO_ONNX, sym_expr
 from .lower.hoist import SHAPE, VALUE, WEIGHT
 from .session import current_cuda_stream, disabled_optimizers_for, ort_device
 
@@ -138,7 +138,7 @@ def build_runner(
         RECYCLE_MAX_BYTES,
         stream_of,
         session_for,
-        lowered.failures,
+        [(i, message, None if kind == TO_TORCH else FAILURE_ERRORS[kind]) for i, message, kind in lowered.failures],
         (lowered.pattern_key, ort_device(torch.device("cpu"))) if lowered.pattern_key else None,
         _size_constants(name, lowered, frozen),
     )

@@ -34,7 +34,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils import _pytree as pytree
 
 from .lower import SCALAR_DTYPES, InputSpec, LoweredGraph, OutputSpec
-from .lower.builder import TORCH_TO_ONNX
+from .lower.builder import FAILURE_ERRORS, TO_TORCH, TORCH_TO_ONNX
 
 KEY = "ortlite"
 FORMAT = 1
@@ -143,7 +143,7 @@ def _metadata(compiled) -> dict:
         "ort_outputs": [_spec(o, expr) for o in lowered.ort_outputs],
         "outputs": outputs,
         "sizes": [{"symbol": expr(s), "sources": [[moved(a), d] for a, d in sources]} for s, sources in lowered.symbols.items()],
-        "failures": [[i, message, to_torch] for i, message, to_torch in lowered.failures],
+        "failures": [[i, message, kind] for i, message, kind in lowered.failures],
         "guards": [expr(g) for g in lowered.guards],
         "disabled_optimizers": list(lowered.disabled_optimizers),
         "pattern_key": lowered.pattern_key,
@@ -317,12 +317,16 @@ def _decode(model: onnx.ModelProto, m: dict):
                 raise _Invalid(f"malformed ortlite metadata: size {symbol} read from argument {arg} dim {dim}")
         sizes[symbol] = [tuple(s) for s in entry["sources"]]
     failures = []
-    for i, message, to_torch in m["failures"]:
+    for i, message, kind in m["failures"]:
         flag = ort_outputs[i] if type(i) is int and 0 <= i < len(ort_outputs) else None
         # the runner reads each flag's one byte on the host: a 0-d CPU bool, nothing else
         if flag is None or flag.dtype != torch.bool or flag.shape != () or flag.device not in (None, torch.device("cpu")) or not isinstance(message, str):
             raise _Invalid(f"malformed ortlite metadata: failure output {i!r}")
-        failures.append((i, message, bool(to_torch)))
+        if type(kind) is bool:  # files written before failures had kinds: true for to torch
+            kind = TO_TORCH if kind else "RuntimeError"
+        if kind != TO_TORCH and kind not in FAILURE_ERRORS:
+            raise _Invalid(f"malformed ortlite metadata: failure kind {kind!r}")
+        failures.append((i, message, kind))
     disabled = tuple(m["disabled_optimizers"])
     if not all(isinstance(d, str) for d in disabled):
         raise _Invalid(f"malformed ortlite metadata: disabled optimizers {disabled!r}")

@@ -61,7 +61,7 @@ def check_fallback(fn, *args, op, **check):
     return backend
 
 
-def unchecked_index(g, node, i, size, *, negative, message, wrap=False):
+def unchecked_index(g, node, i, size, *, negative, message, error=IndexError, wrap=False):
     """ortlite.lower.ops.index.checked_index without the check."""
     from ortlite.lower.ops import index
 

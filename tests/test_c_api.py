@@ -153,7 +153,7 @@ def test_calls_do_not_leak():
 
     def checked_failures(n):  # a run that succeeds and an index check that raises after it
         for _ in range(n):
-            with pytest.raises(RuntimeError, match="index out of range"):
+            with pytest.raises(IndexError, match="index out of range"):
                 checked(x, bad)
 
     _assert_flat(checked_failures, 20000, "raising from an index check")

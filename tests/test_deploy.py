@@ -171,6 +171,11 @@ def test_truncated_file(tmp_path):
         assert str(path) in message and "truncated" in message, message
 
 
+def _metadata(path) -> dict:
+    (entry,) = [p for p in onnx.load(path).metadata_props if p.key == "ortlite"]
+    return json.loads(entry.value)
+
+
 def _rewrite_metadata(path, change):
     model = onnx.load(path)
     (entry,) = [p for p in model.metadata_props if p.key == "ortlite"]
@@ -229,6 +234,33 @@ def test_metadata_that_would_make_the_runner_unsafe_is_refused(tmp_path, change,
     ortlite.compile(Positive(), (torch.randn(3), 2), dynamic_shapes={"x": None, "n": Dim.DYNAMIC}).save(path)
     _rewrite_metadata(path, change)
     with pytest.raises(ValueError, match=f"^ortlite.load: {path}: .*{problem}"):
+        ortlite.load(path)
+
+
+class Lookups(torch.nn.Module):
+    def forward(self, x, i):  # aten raises IndexError for the first, RuntimeError for the second
+        return torch.index_select(x, 0, i), x.gather(0, i.view(-1, 1).expand(-1, x.shape[1]))
+
+
+def test_index_checks_raise_eagers_error_types_after_load(tmp_path):
+    x, good = torch.randn(4, 3), torch.tensor([0, 3])
+    path = tmp_path / "lookups.onnx"
+    ortlite.compile(Lookups(), (x, good)).save(path)
+    kinds = [kind for _, _, kind in _metadata(path)["failures"]]
+    assert sorted(kinds) == ["IndexError", "RuntimeError"]
+    loaded = ortlite.load(path)
+    assert all(torch.equal(a, b) for a, b in zip(loaded(x, good), Lookups()(x, good)))
+    for bad in (torch.tensor([0, 4]), torch.tensor([-1, 0])):
+        with pytest.raises(IndexError, match="index out of range in self"):
+            Lookups()(x, bad)
+        with pytest.raises(IndexError, match="index out of range in self"):
+            loaded(x, bad)
+    # files from before failures had kinds say false for "raise" (RuntimeError): they load
+    _rewrite_metadata(path, lambda m: m.update(failures=[[i, message, False] for i, message, _ in m["failures"]]))
+    with pytest.raises(RuntimeError, match="index out of range in self"):
+        ortlite.load(path)(x, torch.tensor([0, 4]))
+    _rewrite_metadata(path, lambda m: m.update(failures=[[i, message, "SystemExit"] for i, message, _ in m["failures"]]))
+    with pytest.raises(ValueError, match="failure kind 'SystemExit'"):
         ortlite.load(path)
 
 

@@ -177,9 +177,9 @@ cdef class Runner:
         stream_of, session_for: for graphs on CUDA. ORT fixes a session's compute stream
             when it is made, so each torch stream the graph is called on gets its own
             session (made by session_for on first use); stream_of() names the current one.
-        failures: (ORT output index, message, to_torch) per 0-d bool CPU output that, when
-            true after a run, makes the call raise RuntimeError(message) (aten's runtime
-            errors), or, to_torch, fail the run as ORT failing at the node the message names.
+        failures: (ORT output index, message, error) per 0-d bool CPU output that, when
+            true after a run, makes the call raise error(message) (aten's runtime errors),
+            or, error None, fail the run as ORT failing at the node the message names.
         pattern_key: (name, OrtDevice) of a (N, 0) uint8 CPU input the graph has for ORT's
             memory-pattern cache key: per call, N makes that key a hash of the argument sizes
             (see _Inputs.bind_pattern_key).
@@ -219,7 +219,7 @@ cdef class Runner:
         self.sizes_fn = sizes_fn
         self.failure_outputs = [f[0] for f in failures]
         self.failure_messages = [f[1] for f in failures]
-        self.failure_to_torch = [f[2] for f in failures]
+        self.failure_errors = [f[2] for f in failures]
         self.scratch = scratch
         if recycle_outputs:  # two bindings used in turn: the caller usually still holds the last result
             self.pool.extend([self._new_binding(), self._new_binding()])
@@ -343,12 +343,12 @@ cdef class Runner:
         cdef uintptr_t p
         for k in range(len(self.failure_outputs)):
             p = outs[<Py_ssize_t>self.failure_outputs[k]].data_ptr()
-            if (<char*>p)[0] and self.failure_to_torch[k]:
+            if (<char*>p)[0] and self.failure_errors[k] is None:
                 return RunError(f"ortlite: graph {self.name} cannot give aten's result for these inputs, {self.failure_messages[k]}")
         for k in range(len(self.failure_outputs)):
             p = outs[<Py_ssize_t>self.failure_outputs[k]].data_ptr()
             if (<char*>p)[0]:
-                raise RuntimeError(self.failure_messages[k])
+                raise self.failure_errors[k](self.failure_messages[k])
         return None
 
     cdef tuple _results(self, list outs, tuple args, sizes):

@@ -184,8 +184,8 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
     failures = []
-    for condition, message, to_torch in g.failures:  # extra 0-d bool outputs, read by the runner
-        failures.append((len(ort_outputs), message, to_torch))
+    for condition, message, kind in g.failures:  # extra 0-d bool outputs, read by the runner
+        failures.append((len(ort_outputs), message, kind))
         g.add_output(condition, torch.bool, ())
         ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
     ranges.update(symbol_ranges or {})

@@ -114,6 +114,13 @@ def _holds_graph_value(attr) -> bool:
     return isinstance(attr, (list, tuple)) and any(_holds_graph_value(a) for a in attr)
 
 
+# What a true failure condition (GraphBuilder.fail_if, fallback_if) makes a call do, by the
+# kind named in LoweredGraph.failures (and saved files): raise aten's error of this type
+# with the message, or (TO_TORCH) fail the run so that the node runs in torch.
+FAILURE_ERRORS = {"RuntimeError": RuntimeError, "IndexError": IndexError}
+TO_TORCH = "torch"
+
+
 class GraphBuilder:
     def __init__(self, name: str, opset: int):
         self.name = name
@@ -134,14 +141,16 @@ class GraphBuilder:
         self.stable_ties = False  # Options.sort_ties == "stable": tied sort keys ordered by index
         self._sym_values: dict[sympy.Expr, Value] = {}
         self.dtypes: set[torch.dtype] = set()  # of inputs, outputs, constants and casts
-        self.failures: list[tuple[str, str, bool]] = []  # (0-d bool value, message, to torch): fail_if, fallback_if
+        self.failures: list[tuple[str, str, str]] = []  # (0-d bool value, message, kind): fail_if, fallback_if
         self.values_now: dict[str, np.ndarray] = {}  # value name -> its value, known at lowering (constant masks)
 
-    def fail_if(self, condition: str, message: str) -> None:
-        """Make the call raise RuntimeError(message) when the 0-d bool `condition` is true at
-        run time, as aten raises (e.g. integer division by zero). The runner reads each
-        condition after the run, before any result is handed back."""
-        self.failures.append((condition, message, False))
+    def fail_if(self, condition: str, message: str, error: type = RuntimeError) -> None:
+        """Make the call raise error(message) when the 0-d bool `condition` is true at run
+        time, as aten raises (e.g. integer division by zero; error: aten's type, one of
+        FAILURE_ERRORS). The runner reads each condition after the run, before any result
+        is handed back."""
+        assert FAILURE_ERRORS.get(error.__name__) is error, error
+        self.failures.append((condition, message, error.__name__))
 
     def fallback_if(self, condition: str, reason: str) -> None:
         """When the 0-d bool `condition` is true at run time, the node being lowered cannot
@@ -150,7 +159,7 @@ class GraphBuilder:
         included (see Backend._after_run_failure; ortlite.compile raises RunError)."""
         check = self.fresh(f"{self.current_origin}__FallbackCheck")
         self.node_origin[check] = self.current_origin
-        self.failures.append((condition, f"while running FallbackCheck node. Name:'{check}' Status Message: {reason}", True))
+        self.failures.append((condition, f"while running FallbackCheck node. Name:'{check}' Status Message: {reason}", TO_TORCH))
 
     def fresh(self, hint: str) -> str:
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"

@@ -17,13 +17,13 @@ from .common import any_true, aten, arg_val, broadcast_shape, where, is_float, k
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
-def checked_index(g, node, index: Value, size, *, negative: bool, message: str, wrap: bool = False) -> Value:
+def checked_index(g, node, index: Value, size, *, negative: bool, message: str, error: type = IndexError, wrap: bool = False) -> Value:
     """An index (as int64) for a dim of `size`, checked against aten's range: [0, size), or
     [-size, size) where aten takes negative indices (negative=True; wrap=True: returned as
     its place in [0, size)). aten raises for an index outside; ONNX's Gather and Scatter
     family take [-size, size) and fail the run beyond. On the CPU the call raises
-    RuntimeError(message) for an element outside (the runner reads the condition after the
-    run), and such elements are read as 0 so that ONNX Runtime's kernel runs: an unsigned
+    error(message) for an element outside (the runner reads the condition after the
+    run; error: aten's exception type for it), and such elements are read as 0 so that ONNX Runtime's kernel runs: an unsigned
     comparison, a bool ReduceMax, a Where or Mod (4 or 5 nodes). On CUDA, where aten's
     out-of-range index is a device-side assert, the index goes as it is (a check there would
     need a device-to-host copy and a synchronization every call)."""
@@ -38,9 +38,9 @@ def checked_index(g, node, index: Value, size, *, negative: bool, message: str, 
     unsigned = lambda v: g.op("Cast", v, to=TensorProto.UINT64)  # noqa: E731
     outside = g.op("GreaterOrEqual", unsigned(shifted), unsigned(span))
     if g.opset >= 20 and not may_be_empty(index):  # (ONNX Runtime reduces bools from opset 20, not an empty set)
-        g.fail_if(g.op("ReduceMax", outside, keepdims=0), message)
+        g.fail_if(g.op("ReduceMax", outside, keepdims=0), message, error)
     else:
-        g.fail_if(any_true(g, outside), message)
+        g.fail_if(any_true(g, outside), message, error)
     if negative and static and size > 0:  # inside: index mod size is its place, as wrap wants
         return Value(g.op("Mod", shifted, n, fmod=0), torch.int64, index.shape)
     safe = Value(g.op("Where", outside, g.const(0, torch.int64), index), torch.int64, index.shape)
@@ -53,6 +53,8 @@ def out_of_bounds(dim: int, size) -> str:
 
 
 OUT_OF_RANGE = "index out of range in self"  # aten's for embedding, index_select, index_reduce
+# (by name: the op a node's meta names as its origin need not be the same object)
+NLL_LOSSES = ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default")
 
 
 def _wrap_negative(g, index: Value, size) -> str:
@@ -197,7 +199,11 @@ def _as_1d(g, x: Value) -> Value:
 @lower(aten.index_select.default)
 def index_select(g, node, x, dim, index):
     x1, axis = _as_1d(g, x), norm_dim(dim, max(x.rank, 1))
-    index = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=OUT_OF_RANGE)
+    if axis == 1:  # aten's CPU kernel for dim 1 raises another error (of its gather's)
+        message, error = f"INDICES element is out of DATA bounds, axis_dim={x1.shape[axis]}", RuntimeError
+    else:
+        message, error = OUT_OF_RANGE, IndexError
+    index = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=message, error=error)
     result = g.op("Gather", x1, index, axis=axis)
     return g.op("Reshape", result, g.ints(out_shape(node))) if x.rank == 0 else result
 
@@ -214,7 +220,11 @@ def gather(g, node, x, dim, index, sparse_grad=False):
     if any(isinstance(d, int) and d == 0 for d in index.shape):
         return g.op("Expand", g.const(0, x.dtype), g.shape(index.shape))
     x1, axis = _as_1d(g, x), norm_dim(dim, max(x.rank, 1))
-    checked = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=out_of_bounds(axis, x1.shape[axis]))
+    if str(node.meta.get("original_aten")) in NLL_LOSSES:  # a loss's decomposition: aten's error is the loss's
+        message, error = "Target is out of bounds.", IndexError
+    else:
+        message, error = out_of_bounds(axis, x1.shape[axis]), RuntimeError
+    checked = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=message, error=error)
     result = g.op("GatherElements", x1, checked, axis=axis)
     return g.op("Reshape", result, g.shape(out_shape(node))) if index.rank == 0 else result
 
@@ -273,7 +283,7 @@ def scatter(g, node, x, dim, index, src, reduce=None, *, include_self=True):
         return g.op("Identity", x)
     x1 = _as_1d(g, x)
     axis = norm_dim(dim, x1.rank)
-    index = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=out_of_bounds(axis, x1.shape[axis]))
+    index = checked_index(g, node, _as_1d(g, index), x1.shape[axis], negative=False, message=out_of_bounds(axis, x1.shape[axis]), error=RuntimeError)
     src = _as_1d(g, src) if isinstance(src, Value) else src
     result = _scatter_elements(g, x1, axis, index, _updates(g, src, index, x.dtype), _reduce_arg(node), include_self)
     return g.op("Reshape", result, g.ints([])) if x.rank == 0 else result
@@ -361,7 +371,11 @@ def index_add(g, node, x, dim, index, source, *, alpha=1):
         result = index_add(g, node, _as_1d(g, x), 0, index, _as_1d(g, source), alpha=alpha)
         return g.op("Reshape", result, g.ints(out_shape(node)))
     dim = norm_dim(dim, x.rank)
-    index = checked_index(g, node, _as_1d(g, index), x.shape[dim], negative=False, message=out_of_bounds(dim, x.shape[dim]))
+    if index.dtype == torch.int32:  # aten's kernel checks int32 indices elsewhere, with another error
+        message, error = OUT_OF_RANGE, IndexError
+    else:
+        message, error = out_of_bounds(dim, x.shape[dim]), RuntimeError
+    index = checked_index(g, node, _as_1d(g, index), x.shape[dim], negative=False, message=message, error=error)
     if known_empty(source.shape):
         return g.op("Identity", x)
     updates = g.cast(source, x.dtype)
@@ -589,7 +603,7 @@ def searchsorted(g, node, seq, values, *, out_int32=False, right=False, side=Non
     if known_empty(out_shape(node)) or known_empty(seq.shape[-1:]):
         return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
     if sorter is not None:  # aten reads the sequence through sorter
-        sorter = checked_index(g, node, sorter, seq.shape[-1], negative=False, message="torch.searchsorted(): sorter index out of range")
+        sorter = checked_index(g, node, sorter, seq.shape[-1], negative=False, message="torch.searchsorted(): sorter index out of range", error=RuntimeError)
         seq = Value(g.op("GatherElements", seq, sorter, axis=-1), seq.dtype, seq.shape)
     return _binary_search(g, node, seq, values, right or side == "right", out_int32)
 
