@@ -7,7 +7,8 @@ bert: BertModel h512 L4, 128 tokens, batch 1 (the pooler included). llama-decode
 causal LM h512 L4 (8 heads, 4 KV heads, MLP 1376), vocab 32000, logits of a 1-token call
 (no KV cache: the decode shape of the weight products). Random weights (transformers configs).
 ortlite rows are ortlite.compile; "ortlite tc int8" is torch.compile(backend=ortlite) with
-frozen weights under no_grad. Error: 1 - cosine of the output against eager float32.
+frozen weights under no_grad, "ortlite tc int8 bf16" the same of the bfloat16 model (float32
+inside, called in bfloat16). Error: 1 - cosine of the output against eager float32.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def candidates(model, args) -> dict:
     made["ortlite tc int8"] = tc
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     made["eager bf16"] = bf16
+    # a bfloat16 model under torch.compile with quantize: float32 inside (ortlite.widen), called in bfloat16
+    made["ortlite tc int8 bf16"] = torch.compile(copy.deepcopy(bf16), backend=ortlite.Backend(ortlite.Options(quantize="int8")))
     inductor_config.freezing = True
     made["inductor bf16"] = torch.compile(copy.deepcopy(bf16))
     return made

@@ -35,6 +35,7 @@ from .partition import (
 )
 from .runner import runner_for
 from .session import SessionCache
+from .widen import WIDENED_FROM, reduced_dtype, widen
 from .specialize import MAX_FLOAT_VARIANTS, Specializing, as_tensors, attribute_floats, pass_as_numbers, scalar_arguments, with_constants, with_values
 
 _graph_ids = itertools.count()
@@ -63,6 +64,7 @@ class GraphReport:
     sessions: list  # names of the runners (one ONNX Runtime session each)
     providers: list  # their execution providers
     quantized: list = dataclasses.field(default_factory=list)  # Options.quantize: (module path, lower.quantize.QuantizedProduct) per product
+    widened_from: torch.dtype | None = None  # computed in float32 instead of this dtype (ortlite.widen)
 
     @classmethod
     def of(cls, name: str, gm: torch.fx.GraphModule, runners: list, unsupported: dict) -> "GraphReport":
@@ -73,7 +75,7 @@ class GraphReport:
         quantized = [q for r in runners for q in getattr(r, "quantized", ())]
         modules = {n.name: _module_path(n) for n in calls} if quantized else {}
         quantized = [(modules.get(q.origin) or q.origin or q.weight, q) for q in quantized]
-        return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized)
+        return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized, gm.meta.get(WIDENED_FROM))
 
 
 def _module_path(node: torch.fx.Node) -> str:
@@ -159,6 +161,8 @@ class Backend:
         floats read from attributes become constants (checked per call)."""
         frozen = {}
         lifted = list(getattr(torch._guards.TracingContext.try_get(), "params_flat", None) or ())
+        if self.options.quantize is not None and (reduced := reduced_dtype(gm)) is not None:
+            widen(gm, reduced)  # float32 inside: ORT's CPU provider has little bfloat16 and float16 arithmetic
         if self.options.freeze_weights:
             weights = weight_indices(dynamo_graph["gm"], len(lifted))
             frozen = frozen_inputs(gm, lifted + dynamo_graph["inputs"], weights)

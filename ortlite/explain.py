@@ -59,6 +59,8 @@ class Explanation:
             if g.torch_ops:
                 lines.append("  left to torch (op | why | from):")
                 lines += _columns(g.torch_ops, indent=4)
+            if g.widened_from is not None:
+                lines.append(f"  computed in float32, called in {str(g.widened_from).removeprefix('torch.')} (Options.quantize on CPU: ortlite.widen)")
             if g.quantized:
                 lines.append(f"  quantized ({len(g.quantized)} product(s); module | K x N | kernel):")
                 lines += _columns([(where, f"{q.k} x {q.n}", q.kernel) for where, q in g.quantized], indent=4)

@@ -411,3 +411,48 @@ def test_reduced_precision_models_quantized_run_whole_in_onnxruntime(tmp_path, d
     assert torch.nn.functional.cosine_similarity(got.float().flatten(), model(x).float().flatten(), 0) > 0.99
     compiled.save(tmp_path / "m.onnx")
     assert torch.equal(ortlite.load(tmp_path / "m.onnx")(x), got)
+
+
+class ReducedBlock(torch.nn.Module):
+    """Ops that name the model's dtype (full_like, arange, to), a norm, a softmax, and an
+    integer result beside the floating ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down, self.norm = torch.nn.Linear(64, 96), torch.nn.Linear(96, 8), torch.nn.LayerNorm(96)
+
+    def forward(self, x):
+        h = self.norm(torch.nn.functional.gelu(self.up(x)))
+        h = h + torch.arange(96, dtype=x.dtype) / 96 + torch.full_like(h, 0.5)
+        y = self.down(h).softmax(-1)
+        return y, y.argmax(-1), (y * 2).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode,dynamic", [("int8", False), ("int4", False), ("int4", True)])
+def test_torch_compile_of_reduced_precision_models_quantized(dtype, mode, dynamic):
+    """torch.compile of a bfloat16/float16 model with quantize set: computed in float32 inside
+    (ortlite.widen), its frozen weights quantized from their values, the whole graph in ONNX
+    Runtime, results in eager's dtypes: the same as torch.compile of its float32 copy; new
+    weight values (a new session) and changing row counts included."""
+    torch.manual_seed(1)
+    model = ReducedBlock().to(dtype).eval()
+    twin = copy.deepcopy(model).float()
+    backend = ortlite.Backend(ortlite.Options(quantize=mode))
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    as_float32 = torch.compile(twin, backend=ortlite.Backend(ortlite.Options(quantize=mode)), dynamic=dynamic)
+    for step, rows in enumerate((1, 3, 1) if dynamic else (2, 2)):
+        x = torch.randn(rows, 64).to(dtype)
+        with torch.no_grad():
+            if step == 1:  # new values: the session is rebuilt from them
+                for m in (model, twin):
+                    m.up.weight.mul_(-2)
+            got, expected = compiled(x), as_float32(x.float())
+            eager = model(x)
+        assert [t.dtype for t in got] == [t.dtype for t in eager] == [dtype, torch.int64, dtype]
+        assert torch.equal(got[0], expected[0].to(dtype)) and torch.equal(got[1], expected[1])
+        assert torch.equal(got[2], (expected[0] * 2).to(dtype))
+        assert torch.nn.functional.cosine_similarity(got[0].float().flatten(), eager[0].float().flatten(), 0) > 0.99
+    # (dynamic: Dynamo compiles 1 row apart, a size it specializes)
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs == (2 if dynamic else 1)
+    assert all(len(r.quantized) == 2 for r in backend._runners) and next(model.parameters()).dtype == dtype

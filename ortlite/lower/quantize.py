@@ -102,7 +102,7 @@ def derived_values(derived: dict, weights: dict) -> dict:
     import torch
 
     return {
-        name: torch.from_numpy(np.ascontiguousarray(derive(form, weights[weight].detach().cpu().numpy(), transposed)))
+        name: torch.from_numpy(np.ascontiguousarray(derive(form, weights[weight].detach().cpu().float().numpy(), transposed)))
         for name, (weight, form, transposed) in derived.items()
     }
 
@@ -131,16 +131,40 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
             return input_dims[name]
         return None
 
+    def widened(name):  # a frozen bfloat16 or float16 weight cast to float32 (ortlite.widen): its name
+        cast = producer.get(name)
+        while cast is not None and cast.op_type == "Identity" and cast.domain in ("", "ai.onnx"):
+            cast = producer.get(cast.input[0])
+        if cast is None or cast.op_type != "Cast" or cast.domain not in ("", "ai.onnx") or _to(cast) != onnx.TensorProto.FLOAT:
+            return name
+        source = cast.input[0]
+        if source in frozen and input_types.get(source) in (onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16):
+            return source
+        return name
+
+    def reduced_matrix(name):  # dims of a frozen bfloat16 or float16 2-D weight, or None
+        if input_types.get(name) in (onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16) and len(input_dims[name]) == 2 and None not in input_dims[name]:
+            return input_dims[name]
+        return None
+
+    def constant(name):  # (weight name, its dims) of a 2-D float32 constant, or a widened one
+        if (dims := float_matrix(name)) is not None:
+            return name, dims
+        source = widened(name)
+        if source != name and (dims := reduced_matrix(source)) is not None:
+            return source, dims
+        return None, None
+
     def weight_of(b: str, trans_b: bool):
         """(weight name, transposed, K, N) where the product's right operand is a constant."""
-        if not trans_b and (dims := float_matrix(b)) is not None:
-            return b, False, dims[0], dims[1]
-        if trans_b and (dims := float_matrix(b)) is not None:
-            return b, True, dims[1], dims[0]
+        weight, dims = constant(b)
+        if weight is not None:
+            return (weight, True, dims[1], dims[0]) if trans_b else (weight, False, dims[0], dims[1])
         t = producer.get(b)
         if not trans_b and t is not None and t.op_type == "Transpose" and t.domain in ("", "ai.onnx") and _perm(t) in (None, [1, 0]):
-            if (dims := float_matrix(t.input[0])) is not None:
-                return t.input[0], True, dims[1], dims[0]
+            weight, dims = constant(t.input[0])
+            if weight is not None:
+                return weight, True, dims[1], dims[0]
         return None
 
     made: dict = {}  # (weight, form) -> value name
@@ -183,8 +207,9 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
         out, removed = node.output[0], None
         if node.op_type == "MatMul" and (add := only_user(out, "Add")) is not None:  # a linear's bias, after fold_flattening_reshapes
             other = add.input[1] if add.input[0] == out else add.input[0]
-            # an initializer or graph input (frozen weights are): a value made later would be read too early
-            if (other in initializers or other in input_dims) and _is_vector(other, n, known, initializers):
+            # an initializer or graph input (frozen weights are), or one cast to float32 where the graph
+            # starts (ortlite.widen): a value made later would be read too early
+            if (other in initializers or other in input_dims or widened(other) != other) and _is_vector(other, n, known, initializers):
                 bias, out, removed = other, add.output[0], add
         def int8(out, a=a, weight=weight, transposed=transposed, bias=bias, node=node):
             if a not in activations:
@@ -273,6 +298,10 @@ def _is_vector(name: str, n: int, known: dict, initializers: dict) -> bool:
         t = initializers[name]
         return t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [n]
     return name in known and known[name][0] == torch.float32 and tuple(known[name][1]) == (n,)
+
+
+def _to(node) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None)
 
 
 def _perm(node) -> list | None:

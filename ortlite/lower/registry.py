@@ -117,6 +117,15 @@ def _returns_nothing(target) -> bool:
     return schema is not None and not schema.returns
 
 
+# ONNX Cast between bfloat16 and float32 is exact on the CPU (as torch rounds), and it is
+# what ortlite.widen's graphs start and end with.
+CASTS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+
+
+def _float32_cast(node: torch.fx.Node) -> bool:
+    return node.target in CASTS and {t.dtype for t in node_tensors(node)} == {torch.bfloat16, torch.float32}
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when ortlite can lower this node exactly; else why not."""
     lowering = lowering_for(node.target)
@@ -135,10 +144,10 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             devices.add(t.device)
     if len(devices) > 1:
         return "mixed devices"
-    if bf16 and all(d.type == "cpu" for d in devices):
+    if bf16 and all(d.type == "cpu" for d in devices) and not _float32_cast(node):
         # (its missing kernels would leave the arithmetic to torch node by node, and the data
         # movement between them in sessions of their own: copies torch's views do not make)
-        return "bfloat16 on CPU: ONNX Runtime's CPU provider has almost no bfloat16 kernels; torch runs it"
+        return "bfloat16 on CPU: ONNX Runtime's CPU provider has almost no bfloat16 kernels; torch runs it (Options(quantize=...) runs such graphs in float32)"
     if lowering.check is not None:
         try:
             with no_new_guards(node):
