@@ -8,7 +8,8 @@ of that dtype is cast back at the end: the results have eager's dtypes and shape
 values are float32 math rounded once (eager rounds after every op). The casts lower to ONNX
 Cast, which ONNX Runtime computes exactly as torch does (round to nearest even, NaN kept); a
 frozen weight's Cast is folded when the session is built, and ortlite.lower.quantize reads
-through it. ortlite.compile does the same by converting the model (ortlite.aot).
+through it. Only these casts of bfloat16 lower on CPU (registry.WIDENING_CAST): elsewhere a
+lone cast would make a session of its own between torch's bfloat16 ops. ortlite.compile does the same by converting the model (ortlite.aot).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch.fx
 from torch._guards import detect_fake_mode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from .lower.registry import WIDENING_CAST
 
 REDUCED = (torch.bfloat16, torch.float16)
 WIDENED_FROM = "ortlite_widened_from"  # the graph module's meta entry: the dtype widen() replaced
@@ -56,6 +59,7 @@ def widen(gm: torch.fx.GraphModule, dtype: torch.dtype) -> None:
         if isinstance(val, torch.Tensor) and val.dtype == dtype:
             with graph.inserting_before(first):
                 cast = graph.call_function(aten._to_copy.default, (p,), {"dtype": torch.float32})
+            cast.meta[WIDENING_CAST] = True
             p.replace_all_uses_with(cast, delete_user_cb=lambda user: user is not cast)
     output = next(n for n in graph.nodes if n.op == "output")
     results = output.args[0]
@@ -65,6 +69,7 @@ def widen(gm: torch.fx.GraphModule, dtype: torch.dtype) -> None:
         if isinstance(val, torch.Tensor) and val.dtype == dtype:
             with graph.inserting_before(output):
                 r = graph.call_function(aten._to_copy.default, (r,), {"dtype": dtype})
+            r.meta[WIDENING_CAST] = True
         cast_back.append(r)
     output.args = (type(results)(cast_back),)
     graph.lint()

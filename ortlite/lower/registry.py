@@ -117,13 +117,13 @@ def _returns_nothing(target) -> bool:
     return schema is not None and not schema.returns
 
 
-# ONNX Cast between bfloat16 and float32 is exact on the CPU (as torch rounds), and it is
-# what ortlite.widen's graphs start and end with.
-CASTS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+WIDENING_CAST = "ortlite_widening_cast"  # a node's meta entry, set by ortlite.widen
 
 
 def _float32_cast(node: torch.fx.Node) -> bool:
-    return node.target in CASTS and {t.dtype for t in node_tensors(node)} == {torch.bfloat16, torch.float32}
+    """One of the casts ortlite.widen's graphs start and end with (ONNX Cast between bfloat16
+    and float32 is exact on the CPU, rounding as torch does)."""
+    return node.meta.get(WIDENING_CAST, False)
 
 
 def unsupported_reason(node: torch.fx.Node) -> str | None:
