@@ -456,3 +456,37 @@ def test_torch_compile_of_reduced_precision_models_quantized(dtype, mode, dynami
     # (dynamic: Dynamo compiles 1 row apart, a size it specializes)
     assert backend.stats.fallback_ops == {} and backend.stats.graphs == (2 if dynamic else 1)
     assert all(len(r.quantized) == 2 for r in backend._runners) and next(model.parameters()).dtype == dtype
+
+
+class ReturnsAView(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.linear(x), x[1:]
+
+
+class ReadsBits(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.linear(x) + x.view(torch.int16)[:, :8].float()
+
+
+@pytest.mark.parametrize("model", [ReturnsAView(), ReadsBits()], ids=["view_of_input", "bit_level"])
+def test_reduced_precision_graphs_widen_cannot_keep_eager_semantics_stay_in_torch(model):
+    """ortlite.widen refuses a graph whose result aliases an argument (a cast would copy it) or
+    that reads a value's bits: such a graph stays in torch, and is eager's."""
+    torch.manual_seed(2)
+    model = model.to(torch.bfloat16).eval()
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    backend = ortlite.Backend(ortlite.Options(quantize="int8"))
+    with torch.no_grad():
+        got, expected = torch.compile(model, backend=backend)(x), model(x)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    if isinstance(model, ReturnsAView):
+        assert got[1]._base is x or got[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert all(r.widened_from is None for r in backend.graph_reports)
