@@ -174,7 +174,8 @@ def compiled(wrapper, example, mode, **constants):
 
 def weights_only(model, form: str):
     """A copy of model whose Linear weights are replaced by their dequantized "int8" or
-    "int4" forms (quantize.derive's scheme; activations stay float32)."""
+    "int4" forms and Embedding weights by their int8 rows (quantize.derive's scheme;
+    activations stay float32)."""
     import numpy as np
 
     model = copy.deepcopy(model)
@@ -189,6 +190,10 @@ def weights_only(model, form: str):
                 packed = codes.astype(np.uint8)
                 nibbles = np.stack([packed & 15, packed >> 4], -1).reshape(*packed.shape[:2], -1).astype(np.float64)
                 value = ((nibbles - 8) * scale[..., None]).reshape(len(w), -1)[:, : w.shape[1]]
+            module.weight.data = torch.from_numpy(value.astype(np.float32))
+        elif isinstance(module, torch.nn.Embedding):  # rows int8 in both modes
+            w = module.weight.detach().numpy()
+            value = quantize.derive("rows_int8", w, False).astype(np.float64) * quantize.derive("rows_scale", w, False)
             module.weight.data = torch.from_numpy(value.astype(np.float32))
     return Logits(model).eval()
 

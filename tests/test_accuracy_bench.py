@@ -58,9 +58,9 @@ def test_pipeline_tiny_model():
     eager = rows["eager float32"][0]
     assert abs(rows["ortlite float32"][0] / eager - 1) < 1e-4
     assert rows["ortlite float32"][1] >= 0.99
-    # 2 layers x 7 products + the LM head; 4 x 32 = 128 rows: "int4" runs int8's kernel there
-    assert rows["ortlite int8"][2] == rows["ortlite int4"][2] == "15 int8"
-    assert rows["ortlite int4 (MatMulNBits at every row)"][2] == "15 int4"
+    # 2 layers x 7 products + the LM head, and the embedding; 4 x 32 = 128 rows: "int4" runs int8's kernel there
+    assert rows["ortlite int8"][2] == rows["ortlite int4"][2] == "15 int8, 1 int8 rows"
+    assert rows["ortlite int4 (MatMulNBits at every row)"][2] == "15 int4, 1 int8 rows"
     # MatMulNBits with float activations computes the simulated scheme: the same weights
     simulated = rows["eager, int4 weights, blocks of 32 (simulated; activations float)"][0]
     assert abs(rows["ortlite int4, every row, accuracy_level 1 (activations float)"][0] / simulated - 1) < 1e-4

@@ -247,15 +247,15 @@ def _cosine(a, b) -> float:
 
 
 @pytest.mark.parametrize(
-    "build,products,kernels",
+    "build,products,embeddings,kernels",
     [
-        (_bert, 13, {"int8": {"int8"}, "int4": {"int8"}}),  # 12 in the layers at 2x16 rows; the pooler at 2 rows
-        (lambda: _llama(1), 15, {"int8": {"int8"}, "int4": {"int4"}}),  # 7 a layer and the LM head, at 1 row
-        (lambda: _llama(12), 15, {"int8": {"int8"}, "int4": {"int8"}}),
+        (_bert, 13, 3, {"int8": {"int8"}, "int4": {"int8"}}),  # 12 in the layers at 2x16 rows; the pooler at 2 rows
+        (lambda: _llama(1), 15, 1, {"int8": {"int8"}, "int4": {"int4"}}),  # 7 a layer and the LM head, at 1 row
+        (lambda: _llama(12), 15, 1, {"int8": {"int8"}, "int4": {"int8"}}),
     ],
     ids=["bert", "llama-1-token", "llama-12-tokens"],
 )
-def test_whole_models_close_to_float32(build, products, kernels):
+def test_whole_models_close_to_float32(build, products, embeddings, kernels):
     pytest.importorskip("transformers")
     torch.manual_seed(6)
     model, args = build()
@@ -265,8 +265,9 @@ def test_whole_models_close_to_float32(build, products, kernels):
         torch.testing.assert_close(_first(plain(*args)), expected, rtol=1e-4, atol=1e-4)
         for mode, least in (("int8", 0.999), ("int4", 0.95)):
             compiled = ortlite.compile(model, args, options={"quantize": mode})
-            quantized = compiled._lowered.quantized
+            quantized = [q for q in compiled._lowered.quantized if q.kernel != "int8 rows"]
             assert len(quantized) == products and {q.kernel for q in quantized} == kernels[mode]
+            assert len(compiled._lowered.quantized) - products == embeddings  # (word, position, token type)
             if mode == "int8":  # q, k and v (and gate and up) share their activations' quantization
                 assert 0 < _ops(compiled).count("DynamicQuantizeLinear") < products
             # (int4's error is int4's only where its kernel runs)
@@ -490,3 +491,78 @@ def test_reduced_precision_graphs_widen_cannot_keep_eager_semantics_stay_in_torc
     if isinstance(model, ReturnsAView):
         assert got[1]._base is x or got[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     assert all(r.widened_from is None for r in backend.graph_reports)
+
+
+# ---------------------------------------------------------------- embeddings
+
+
+class Embedded(torch.nn.Module):
+    """An embedding (with a padding row and a row of zeros), a product, and an LM head tied
+    to the embedding."""
+
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.embed = torch.nn.Embedding(300, 48, padding_idx=0)
+        with torch.no_grad():
+            self.embed.weight[7] = 0
+            self.embed.weight[9, 3] = 40.0  # an outlier: its row's scale only
+        self.mix = torch.nn.Linear(48, 48)
+        self.head = torch.nn.Linear(48, 300, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        e = self.embed(ids)
+        return e, self.head(self.mix(e))
+
+
+def _rows_reference(w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The scheme: per row, scale = max|row| / 127, int8 = rint(row / scale), read back as int8 * scale."""
+    w = w.detach().double()
+    scale = (w.abs().amax(1, keepdim=True) / 127).float()
+    q = torch.clamp(torch.round(w / torch.where(scale == 0, 1, scale).double()), -127, 127).to(torch.int8)
+    return (q.float() * scale)[ids]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("path", ["aot", "compile", "compile-dynamic"])
+def test_embeddings_read_int8_rows_exactly(tied, path):
+    """An embedding's rows are int8 with a scale each (in both modes): its lookups are the
+    scheme's values exactly, on odd ids (the padding row, a row of zeros, an outlier's row,
+    repeats), with the ids' sizes changing; out-of-range ids raise as eager."""
+    torch.manual_seed(13)
+    model = Embedded(tied).eval()
+    calls = [torch.tensor([[0, 7, 9, 299, 9], [9, 9, 1, 2, 3]]), torch.tensor([[5, 6], [0, 0], [7, 8]]), torch.tensor([[1, 2], [3, 0]])]
+    if path == "aot":
+        compiled = ortlite.compile(model, (calls[2],), dynamic_shapes=({0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC},), options={"quantize": "int8"})
+        kinds = [q.kernel for q in compiled._lowered.quantized]
+    else:
+        backend = ortlite.Backend(ortlite.Options(quantize="int8"))
+        compiled = torch.compile(model, backend=backend, dynamic=path == "compile-dynamic")
+    with torch.no_grad():
+        for ids in calls:
+            e, logits = compiled(ids)
+            assert e.dtype == torch.float32 and e.shape == model(ids)[0].shape
+            assert torch.equal(e, _rows_reference(model.embed.weight, ids))
+            assert _cosine(logits, model(ids)[1]) > 0.999
+        with pytest.raises(IndexError, match="index out of range in self"):
+            compiled(torch.tensor([[1, 300], [2, 3]]))
+    if path != "aot":
+        kinds = [q.kernel for r in backend._runners for q in r.quantized]
+    assert kinds.count("int8 rows") >= 1 and kinds.count("int8") >= 2
+
+
+def test_saved_llama_files_shrink_with_quantized_embeddings(tmp_path):
+    """The file targets on a LLaMA-style model, whose embedding and LM head are most of it."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(14)
+    model, args = _llama(1)
+    sizes = {}
+    with torch.no_grad():
+        for mode in (None, "int8", "int4"):
+            path = tmp_path / f"{mode}.onnx"
+            ortlite.compile(model, args, options={"quantize": mode}).save(path)
+            sizes[mode] = path.stat().st_size
+            if mode:
+                assert _cosine(ortlite.load(path)(*args), model(*args)) > (0.999 if mode == "int8" else 0.95)
+    assert sizes["int8"] <= 0.35 * sizes[None] and sizes["int4"] <= 0.25 * sizes[None], sizes

@@ -6,8 +6,11 @@ right operand is a 2-D float32 weight (an initializer, or a frozen weight: see b
 directly or through a Transpose (aten's linear is t(W) then mm/addmm: the Transpose is
 folded into the quantized layout), whose left operand is a float32 value of rank >= 2 and
 whose bias (Gemm's C) is absent or 1-D of the output's size (added by the kernel, after
-the product). Nothing else: attention's products (no constant operand), norms, embeddings
-(Gather) and the rest stay float. A product that does not fit exactly stays float.
+the product). And each Gather along axis 0 of such a weight (an embedding): its rows int8,
+symmetric, one scale per row (max|row| / 127), read as Gather + Cast + Mul by the row's
+scale, in both modes (a lookup costs about the same; the file's largest table shrinks 4x).
+Nothing else: attention's products (no constant operand), norms and the rest stay float.
+A product that does not fit exactly stays float.
 
 The kernels (com.microsoft domain; measured with bench/quant_kernels.py, 1 thread, ONNX
 Runtime 1.31 on an AMX / AVX512-VNNI Xeon; ms ratios to float32 MatMul):
@@ -72,8 +75,14 @@ class QuantizedProduct:
 def derive(form: str, weight: np.ndarray, transposed: bool) -> np.ndarray:
     """A quantized form of a weight: "int8" (K, N) int8, "int8_scale" (N,) float32,
     "int4" (N, K blocks, INT4_BLOCK / 2) uint8, "int4_scale" (N, K blocks) float32.
-    weight: (K, N) as the product reads it, or (N, K) where transposed (a Linear's)."""
+    weight: (K, N) as the product reads it, or (N, K) where transposed (a Linear's).
+    An embedding's (N, D) weight: "rows_int8" (N, D) int8, "rows_scale" (N, 1) float32."""
     w = np.asarray(weight, dtype=np.float64)
+    if form.startswith("rows"):  # an embedding's (N, D): per row, symmetric int8
+        scale = (np.abs(w).max(axis=1, keepdims=True) / 127).astype(np.float32)
+        if form == "rows_scale":
+            return scale
+        return np.clip(np.rint(w / np.where(scale == 0, 1, scale).astype(np.float64)), -127, 127).astype(np.int8)
     w = w.T if transposed else w  # (K, N)
     if form.startswith("int8"):
         scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
@@ -187,6 +196,12 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
 
     replaced = {}
     for node in graph.node:
+        if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and _axis(node) == 0:
+            weight, dims = constant(node.input[0])
+            if weight is not None:  # an embedding: its rows int8, each scaled back as it is read
+                replaced[id(node)] = _embedding(node, value(weight, "rows_int8", False), value(weight, "rows_scale", False), taken)
+                quantized.append(QuantizedProduct(node.name, weight, "int8 rows", dims[1], dims[0], (origin or {}).get(node.name, "")))
+            continue
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm"):
             continue
         a, b = node.input[0], node.input[1]
@@ -271,6 +286,22 @@ def _node(op_type: str, inputs: list, output: str, name: str, **attributes) -> o
     return helper.make_node(op_type, inputs, [output], name=name, domain=MS_DOMAIN, **attributes)
 
 
+def _embedding(node, rows: str, scales: str, taken: set) -> list:
+    """node (a Gather of a weight's rows) reading int8 rows and their (N, 1) scales instead."""
+    index, out = node.input[1], node.output[0]
+    q, scale, widened = (fresh_name(f"{out}_{s}", taken) for s in ("int8", "scale", "float"))
+    return [
+        helper.make_node("Gather", [rows, index], [q], name=node.name, axis=0),
+        helper.make_node("Gather", [scales, index], [scale], axis=0),
+        helper.make_node("Cast", [q], [widened], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Mul", [widened, scale], [out]),
+    ]
+
+
+def _axis(node) -> int:
+    return next((a.i for a in node.attribute if a.name == "axis"), 0)
+
+
 def _few_rows(a: str, condition: str, taken: set) -> list:
     """Nodes computing condition = (product of a's leading sizes) <= INT4_MAX_ROWS."""
     shape, rows, limit = (fresh_name(f"{a}_{s}", taken) for s in ("leading", "rows", "row_limit"))
@@ -317,6 +348,8 @@ def _stub(name: str, form: str, weight_dims: list, transposed: bool) -> onnx.Ten
     k, n = (weight_dims[1], weight_dims[0]) if transposed else weight_dims
     blocks = -(-k // INT4_BLOCK)
     dtype, dims = {
+        "rows_int8": (onnx.TensorProto.INT8, list(weight_dims)),
+        "rows_scale": (onnx.TensorProto.FLOAT, [weight_dims[0], 1]),
         "int8": (onnx.TensorProto.INT8, [k, n]),
         "int8_scale": (onnx.TensorProto.FLOAT, [n]),
         "int4": (onnx.TensorProto.UINT8, [n, blocks, INT4_BLOCK // 2]),
