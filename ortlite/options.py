@@ -85,8 +85,9 @@ class Options:
         integer kernels (see ortlite.lower.quantize). "int8": weights int8, symmetric, per
         output channel; activations quantized per call (uint8, per tensor). "int4": weights
         int4 in blocks along K where the call has one row (decode), the int8 kernel where it
-        has more (int4's kernel is slower there). Attention's products, norms, embeddings and
-        the rest stay float.
+        has more (int4's kernel is slower there). Embeddings: rows int8, a scale each.
+        Attention's products, norms and the rest stay float. A bfloat16 or float16 model on
+        CPU is computed in float32 inside (ortlite.widen), called in its own dtype.
     """
 
     providers: tuple = ()
