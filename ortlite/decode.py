@@ -1,0 +1,83 @@
+"""Decode loops ahead of time: a causal LM's step compiled with its KV cache held as buffers the
+step mutates (a static cache: fixed-size buffers, written at the step's positions), and a greedy
+loop over such a step. See docs/decode-loops.md.
+
+A step is any callable step(input_ids=(B, S) int64, cache_position=(S,) int64) -> logits
+(B, S, vocab) that keeps its cache itself: transformers' TorchExportableModuleWithStaticCache,
+exported and compiled by compile_static_cache_step, is one."""
+
+from __future__ import annotations
+
+import torch
+
+from .options import Options
+
+
+def compile_static_cache_step(model, max_cache_len: int, *, batch_size: int = 1, example_length: int = 2, options: Options | dict | None = None):
+    """ortlite.compile of a transformers causal LM's decode step with a static KV cache of
+    max_cache_len positions (transformers' TorchExportableModuleWithStaticCache, exported
+    with torch.export in strict mode, the sequence length dynamic from 1 to max_cache_len):
+    one compiled step serves the prompt and every new token. Needs transformers (imported
+    here only). The cache buffers belong to the step; the model's weights become its
+    initializers (so a later change of the model's weights is not seen)."""
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    if example_length < 2 or example_length > max_cache_len:
+        raise ValueError(f"example_length must be in [2, max_cache_len], got {example_length} (torch.export specializes a size of 1)")
+    config = model.generation_config
+    kept = config.cache_implementation
+    config.cache_implementation = "static"  # the wrapper asserts it
+    try:
+        wrapper = TorchExportableModuleWithStaticCache(model, batch_size=batch_size, max_cache_len=max_cache_len)
+    finally:
+        config.cache_implementation = kept
+    length = torch.export.Dim("sequence_length", min=1, max=max_cache_len)
+    kwargs = {
+        "input_ids": torch.zeros((batch_size, example_length), dtype=torch.long),
+        "cache_position": torch.arange(example_length),
+    }
+    with torch.no_grad():
+        # strict: torch 2.13's non-strict export of this wrapper fails later, in run_decompositions
+        program = torch.export.export(
+            wrapper, (), kwargs, dynamic_shapes={"input_ids": {1: length}, "cache_position": {0: length}}, strict=True
+        )
+        from .aot import compile as aot_compile
+
+        return aot_compile(program, options=options)
+
+
+def generate(step, input_ids: torch.Tensor, max_new_tokens: int, *, eos_token_id: int | None = None, on_token=None) -> torch.Tensor:
+    """Greedy decoding with a step that keeps its cache (see the module's doc): the prompt
+    input_ids (B, P) in one call at positions 0..P-1, then one call per new token. Returns
+    the new tokens (B, max_new_tokens), fewer where every row has made eos_token_id.
+    on_token(): called after each new token is chosen (timing)."""
+    if input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be a (batch, length) int64 tensor, got {input_ids.dtype} {tuple(input_ids.shape)}")
+    batch, length = input_ids.shape
+    if max_new_tokens < 1:
+        return input_ids.new_empty((batch, 0))
+    positions = torch.arange(length + max_new_tokens)
+    out = torch.empty((batch, max_new_tokens), dtype=torch.long)
+    logits = step(input_ids=input_ids, cache_position=positions[:length])
+    torch.argmax(logits[:, -1], dim=-1, keepdim=True, out=out[:, :1])
+    done = None if eos_token_id is None else out[:, 0] == eos_token_id
+    if on_token is not None:
+        on_token()
+    for i in range(1, max_new_tokens):
+        if done is not None and bool(done.all()):
+            return out[:, :i]
+        logits = step(input_ids=out[:, i - 1 : i], cache_position=positions[length + i - 1 : length + i])
+        torch.argmax(logits[:, -1], dim=-1, keepdim=True, out=out[:, i : i + 1])
+        if done is not None:
+            out[:, i].masked_fill_(done, eos_token_id)  # a finished row keeps repeating eos
+            done |= out[:, i] == eos_token_id
+        if on_token is not None:
+            on_token()
+    return out
+
+
+def cache_tensors(step) -> list[torch.Tensor]:
+    """The buffers a compiled step mutates (its cache and counters), in the step's order."""
+    from torch.export.graph_signature import OutputKind
+
+    return [step._buffers[target] for kind, target in step._mutations if kind == OutputKind.BUFFER_MUTATION]
