@@ -13,6 +13,7 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
+from .decoder import proven_attention_masks, skip_simplified_norms, static_cache_attention
 from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
 from .quantize import add_domain, quantize_products
@@ -198,7 +199,10 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
+    raising = {condition for condition, _, to_torch in g.failures if not to_torch}  # outputs that make the call raise
+    proven_attention_masks(model.graph, known, raising)
     attention_fusions(model.graph, known, g.values_now)
+    decoder_ops = static_cache_attention(model.graph, known, raising) + skip_simplified_norms(model.graph, known)
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     shield_range_gathers(model.graph)
@@ -211,6 +215,8 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         if split is not None:
             model, prelude, specs = split
             inputs = inputs + [InputSpec(TENSOR, name, dtype, shape, torch.device("cpu")) for name, dtype, shape in specs]
+    if decoder_ops:
+        add_domain(model)
     quantized, derived = [], {}
     if quantize is not None:
         frozen_names = {s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR}

@@ -1,0 +1,477 @@
+"""Rewrites for decoder steps: attention over a static KV cache (fixed-size buffers the step
+writes at positions arange(S) + p, as transformers' StaticCache does) as ONNX Runtime's
+GroupQueryAttention, and the norms around it. Passes on the lowered ONNX graph, in the style of
+fusions.py: each rewrites only what it proves equal on the graph, and leaves the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from .builder import TORCH_TO_ONNX, onnx_dim
+from .fusions import HEADS_PERM, _new_values, _passes, _perm, _token_rows, live_nodes
+from .ops.common import same_shape
+
+MS_DOMAIN = "com.microsoft"
+_CONSTANT_OPS = ("Identity", "Add", "Sub", "Mul", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Cast", "Range", "Concat")
+
+
+class _Graph:
+    """What the passes read of a graph: each value's producer and readers, small constants."""
+
+    def __init__(self, graph: onnx.GraphProto, known: dict[str, tuple]):
+        self.graph, self.known = graph, known
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.readers: dict[str, list] = {}
+        for n in graph.node:
+            for i in n.input:
+                self.readers.setdefault(i, []).append(n)
+        self.outputs = {o.name for o in graph.output}
+        self.inputs = {i.name: i for i in graph.input}
+        self.initializers = {t.name: t for t in graph.initializer}
+        self._values: dict[str, np.ndarray | None] = {}
+
+    def made_by(self, value: str, *op_types: str):
+        """The node making value through Identities, if its op type is one of op_types."""
+        node = self.producer.get(value)
+        while node is not None and node.op_type == "Identity" and node.domain in ("", "ai.onnx"):
+            node = self.producer.get(node.input[0])
+        if node is None or node.domain not in ("", "ai.onnx") or node.op_type not in op_types:
+            return None
+        return node
+
+    def root(self, value: str) -> str:
+        """value through Identities back to where it is made."""
+        node = self.producer.get(value)
+        while node is not None and node.op_type == "Identity" and node.domain in ("", "ai.onnx"):
+            value = node.input[0]
+            node = self.producer.get(value)
+        return value
+
+    def constant(self, value: str, depth: int = 0):
+        """value's array where it is computed from initializers alone by a few shape and
+        arithmetic ops (evaluated here with numpy, as ONNX defines them), else None."""
+        if value in self._values:
+            return self._values[value]
+        result = None
+        if value in self.initializers:
+            t = self.initializers[value]
+            result = numpy_helper.to_array(t) if int(np.prod(t.dims)) <= 1 << 16 else None
+        elif depth < 32:
+            node = self.producer.get(value)
+            if node is not None and node.domain in ("", "ai.onnx") and node.op_type in _CONSTANT_OPS and len(node.output) == 1:
+                args = [self.constant(i, depth + 1) if i else None for i in node.input]
+                if all(a is not None for a, i in zip(args, node.input) if i):
+                    result = _evaluate(node, args)
+        self._values[value] = result
+        return result
+
+    def shape(self, value: str):
+        return self.known[value][1] if value in self.known else None
+
+
+def _evaluate(node, args):
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    try:
+        op = node.op_type
+        if op == "Identity":
+            return args[0]
+        if op in ("Add", "Sub", "Mul"):
+            return {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](args[0], args[1]).astype(args[0].dtype)
+        if op == "Unsqueeze":
+            out = args[0]
+            for axis in sorted(int(a) % (out.ndim + len(args[1])) for a in args[1]):
+                out = np.expand_dims(out, axis)
+            return out
+        if op == "Squeeze":
+            return np.squeeze(args[0], tuple(int(a) for a in args[1])) if len(args) > 1 and args[1] is not None else np.squeeze(args[0])
+        if op == "Reshape":
+            shape = [d if d != 0 else args[0].shape[i] for i, d in enumerate(args[1].tolist())]
+            return args[0].reshape(shape)
+        if op == "Expand":
+            return np.broadcast_to(args[0], np.broadcast_shapes(args[0].shape, tuple(args[1].tolist()))).copy()
+        if op == "Cast":
+            return args[0].astype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+        if op == "Range":
+            return np.arange(args[0], args[1], args[2]).astype(args[0].dtype)
+        if op == "Concat":
+            return np.concatenate(args, attrs["axis"])
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+    return None
+
+
+def _positions(g: _Graph, value: str):
+    """(S, p) for a value that is arange(S) + p, an int64 vector: S the name of the Range's
+    limit, p the name of a 0-d int64 (through Identities and a rank-keeping Expand); else None."""
+    add = g.made_by(value, "Add")
+    if add is None or g.shape(value) is None or len(g.shape(value)) != 1 or g.known[value][0] != torch.int64:
+        return None
+    for ranged, offset in (add.input, add.input[::-1]):
+        r = g.made_by(ranged, "Range")
+        if r is None:
+            continue
+        start, delta = g.constant(r.input[0]), g.constant(r.input[2])
+        if start is None or delta is None or start.shape != () or delta.shape != () or int(start) != 0 or int(delta) != 1:
+            continue
+        if not same_shape(g.shape(ranged) or (None,), g.shape(value)):
+            continue
+        p = g.root(offset)
+        expand = g.made_by(p, "Expand")
+        if expand is not None and g.shape(p) == () and g.shape(expand.input[0]) == ():
+            p = g.root(expand.input[0])
+        if g.shape(p) != () or g.known[p][0] != torch.int64:
+            continue
+        return g.root(r.input[1]), p
+    return None
+
+
+def _int_list(g: _Graph, value: str):
+    """A small int64 vector (a shape) as a list of ints and names of 0-d values (sizes computed
+    per call, by their root), where Concat, Reshape/Unsqueeze of a 0-d value and constants
+    make it; else None."""
+    c = g.constant(value)
+    if c is not None:
+        return [int(x) for x in c.reshape(-1)] if c.ndim <= 1 and c.dtype.kind == "i" else None
+    node = g.producer.get(value)
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Identity":
+        return _int_list(g, node.input[0])
+    if node.op_type == "Concat":
+        parts = [_int_list(g, i) for i in node.input]
+        return None if any(p is None for p in parts) else [x for p in parts for x in p]
+    one = node.op_type == "Reshape" and (g.constant(node.input[1]) is not None and g.constant(node.input[1]).reshape(-1).tolist() in ([1], [-1]))
+    if one or (node.op_type == "Unsqueeze" and g.shape(node.input[0]) == ()):
+        inner = _int_list(g, node.input[0]) if g.shape(node.input[0]) != () else None
+        return inner if inner is not None and len(inner) == 1 else [g.root(node.input[0])]
+    return None
+
+
+def _to_root(g: _Graph, value: str):
+    """(root, chain): value made from root by Identities, Unsqueezes and Reshapes (chain, the
+    last one first)."""
+    chain = []
+    node = g.producer.get(value)
+    while node is not None and node.domain in ("", "ai.onnx") and node.op_type in ("Identity", "Unsqueeze", "Reshape"):
+        chain.append(node)
+        value = node.input[0]
+        node = g.producer.get(value)
+    return value, chain
+
+
+def _layout(g: _Graph, chain: list, size: str):
+    """(axis, rank) of a vector of `size` elements (the name of a 0-d value) after chain (as
+    _to_root gives it): its elements along `axis`, every other size 1; None where a step's
+    result cannot be told so."""
+    axis, rank = 0, 1
+    for node in reversed(chain):
+        if node.op_type == "Unsqueeze":
+            axes = g.constant(node.input[1]) if len(node.input) > 1 else None
+            if axes is None:
+                return None
+            rank += axes.size
+            for a in sorted(int(a) % rank for a in axes.reshape(-1)):
+                if a <= axis:
+                    axis += 1
+        elif node.op_type == "Reshape":
+            target = _int_list(g, node.input[1])
+            if target is None:
+                return None
+            sized = [i for i, d in enumerate(target) if d == -1 or (isinstance(d, str) and g.root(d) == size)]
+            if len(sized) != 1 or any(d != 1 for i, d in enumerate(target) if i != sized[0]):
+                return None
+            axis, rank = sized[0], len(target)
+    return axis, rank
+
+
+def _causal_offset_mask(g: _Graph, mask: str):
+    """((S, p), L) where mask, a float32 additive mask (.., S, L), is 0 where key j <= p + i for
+    query i and -inf elsewhere: Expand(Where(LessOrEqual(arange(L), arange(S) + p), 0, -inf)),
+    as transformers' static-cache masks are spelled (the keys a constant arange(L) on the
+    last axis, the queries' positions on the one before); else None."""
+    where = g.made_by(mask, "Where", "Expand")
+    while where is not None and where.op_type == "Expand":
+        where = g.made_by(where.input[0], "Where", "Expand")
+    if where is None or g.known.get(mask, (None,))[0] not in (None, torch.float32):
+        return None
+    zero, minus_inf = g.constant(where.input[1]), g.constant(where.input[2])
+    if zero is None or minus_inf is None or zero.size != 1 or minus_inf.size != 1 or zero.dtype != np.float32:
+        return None
+    if float(zero.flat[0]) != 0.0 or float(minus_inf.flat[0]) != -np.inf:
+        return None
+    condition = g.made_by(where.input[0], "LessOrEqual", "Expand")
+    while condition is not None and condition.op_type == "Expand":
+        condition = g.made_by(condition.input[0], "LessOrEqual", "Expand")
+    if condition is None:
+        return None
+    keys, queries = condition.input
+    key_values = g.constant(keys)
+    if key_values is None or key_values.ndim != 4 or key_values.shape[:3] != (1, 1, 1):
+        return None
+    length = key_values.shape[3]
+    if not np.array_equal(key_values.reshape(-1), np.arange(length)):
+        return None
+    root, chain = _to_root(g, queries)
+    found = _positions(g, root)
+    if found is None or _layout(g, chain, found[0]) != (2, 4):
+        return None
+    return found, length
+
+
+def _checked_positions(g: _Graph, indices: str, failures: set, length: int):
+    """(S, p) where indices (B, H, S, D) int64 hold position arange(S) + p along axis 2 for
+    every b, h, d, as ortlite's checked index lowers index_copy's (Where(outside, 0, P), with
+    `outside` read by a failure output: the call raises when a position is outside
+    [0, length)); else None."""
+    expand = g.made_by(indices, "Expand")
+    if expand is None:
+        return None
+    root, chain = _to_root(g, expand.input[0])
+    where = g.made_by(root, "Where")
+    if where is None:
+        return None
+    zero = g.constant(where.input[1])
+    if zero is None or zero.size != 1 or int(zero.flat[0]) != 0:
+        return None
+    outside = g.made_by(where.input[0], "GreaterOrEqual")
+    if outside is None or not any(r.op_type == "ReduceMax" and set(r.output) & failures for r in g.readers.get(outside.output[0], [])):
+        return None
+    position, bound = (g.made_by(v, "Cast") for v in outside.input)
+    if position is None or bound is None or g.root(position.input[0]) != g.root(where.input[2]):
+        return None
+    if any(a.name == "to" and a.i != TensorProto.UINT64 for n in (position, bound) for a in n.attribute):
+        return None
+    limit = g.constant(bound.input[0])
+    if limit is None or limit.size != 1 or int(limit.flat[0]) != length:
+        return None
+    found = _positions(g, g.root(where.input[2]))  # (the Where has P's shape: the check's, and a scalar 0)
+    return found if found is not None and _layout(g, chain, found[0]) == (2, 4) else None
+
+
+def proven_attention_masks(graph: onnx.GraphProto, known: dict[str, tuple], failures: set) -> int:
+    """ortlite lowers attention under a mask it cannot see into as If(a row is fully masked,
+    the written-out ops, ONNX Attention). Where the mask is a static cache's causal mask from
+    positions arange(S) + p (see _causal_offset_mask) and the same positions are checked
+    where the cache is written (ScatterElements whose indices are _checked_positions), a
+    fully masked row needs p < 0, for which the call raises: the If becomes its Attention,
+    in the main graph, where the other attention rewrites see it. failures: names of the
+    graph outputs that make the call raise. Returns the count."""
+    g = _Graph(graph, known)
+    checked = set()
+    for node in graph.node:
+        if node.op_type == "ScatterElements" and node.domain in ("", "ai.onnx") and node.input[0] in g.inputs:
+            shape = g.shape(node.input[0])
+            if shape and len(shape) == 4 and isinstance(shape[2], int):
+                found = _checked_positions(g, node.input[1], failures, shape[2])
+                if found:
+                    checked.add((found, shape[2]))
+    if not checked:
+        return 0
+    count = 0
+    for i, node in enumerate(graph.node):
+        if node.op_type != "If" or len(node.output) != 1:
+            continue
+        branch = next((a.g for a in node.attribute if a.name == "else_branch"), None)
+        if branch is None or len(branch.node) != 1 or len(branch.output) != 1:
+            continue
+        attention = branch.node[0]
+        if attention.op_type != "Attention" or attention.domain not in ("", "ai.onnx") or attention.output[0] != branch.output[0].name:
+            continue
+        if len(attention.input) != 4 or any(a.name == "is_causal" and a.i for a in attention.attribute):
+            continue
+        found = _causal_offset_mask(g, attention.input[3])
+        if found is None or found not in checked:
+            continue
+        rewritten = helper.make_node("Attention", list(attention.input), [node.output[0]], name=node.name)
+        rewritten.attribute.extend(attention.attribute)
+        graph.node[i].CopyFrom(rewritten)
+        count += 1
+    if count:
+        nodes = live_nodes(list(graph.node), g.outputs)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return count
+
+
+def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], failures: set) -> int:
+    """Attention over a static KV cache as transformers' StaticCache spells it, lowered:
+        Kc = ScatterElements(K, positions, k_new, axis=2)   (K a graph input (1, Hkv, L, D), Kc a graph output: the
+        Vc = ScatterElements(V, positions, v_new, axis=2)    buffers' new values; positions arange(S) + p, checked)
+        Attention(q, Kc, Vc, causal mask from arange(S) + p)   (see _causal_offset_mask)
+    becomes ONNX Runtime's GroupQueryAttention(q, k_new, v_new, K, V, seqlens_k = p + S - 1,
+    total_sequence_length = p + S) on token rows: it writes k_new and v_new at rows p..p+S-1
+    of its present key and value (rows below p from K and V) and attends each query i to keys
+    0..p+i, the same keys the mask leaves, with the same arithmetic per row (the mask's other
+    keys weigh exp(-inf) = 0). Its present rows from p + S on are not K's: a Where takes
+    them from K, so Kc and Vc are the buffers' values as eager leaves them (bit for bit).
+    Only where the cache positions and the mask's are the same arange(S) + p, the call
+    raises for positions outside [0, L) (p is clamped for the kernel, which then stays in
+    its buffers), batch 1 (the kernel's condition for S > 1 with a past), float32, head
+    size a multiple of 8, Attention in its 4-D form reading the cache's Hkv heads (after
+    fusions.attention_takes_grouped_heads). Returns the count."""
+    g = _Graph(graph, known)
+    fresh, constant = _new_values(graph, "ortlite_gqa_const")
+    rewritten, removed = {}, set()
+
+    def scatter(value):
+        node = g.made_by(value, "ScatterElements")
+        if node is None or node.input[0] not in g.inputs or value not in g.outputs:
+            return None
+        if any(a.name == "axis" and a.i not in (2, -2) for a in node.attribute) or any(a.name == "reduction" and a.s not in (b"none", "none") for a in node.attribute):
+            return None
+        if not any(a.name == "axis" for a in node.attribute):
+            return None
+        readers = g.readers.get(value, [])
+        if len(readers) != 1:
+            return None
+        shape, new = g.shape(node.input[0]), g.shape(node.input[2])
+        if not shape or len(shape) != 4 or not all(isinstance(d, int) for d in shape) or not new or len(new) != 4:
+            return None
+        if g.known[node.input[0]][0] != torch.float32 or not same_shape((new[0], new[1], new[3]), (shape[0], shape[1], shape[3])):
+            return None
+        found = _checked_positions(g, node.input[1], failures, shape[2])
+        return (node, found) if found else None
+
+    def rows_of(heads, n, d):
+        """(token rows (B, S, N*D) of heads (B, N, S, D), nodes making them)."""
+        rows = _token_rows(g.producer, known, heads)
+        if rows is not None:
+            return rows, []
+        swapped, out = fresh(heads + "_bsnd"), fresh(heads + "_rows")
+        b, _, s, _ = known[heads][1]
+        known[swapped], known[out] = (torch.float32, (b, s, n, d)), (torch.float32, (b, s, n * d))
+        return out, [
+            helper.make_node("Transpose", [heads], [swapped], perm=HEADS_PERM),
+            helper.make_node("Reshape", [swapped, constant([0, 0, n * d])], [out]),
+        ]
+
+    for node in graph.node:
+        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.input) != 4 or len(node.output) != 1:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if set(attrs) - {"scale", "is_causal"} or attrs.get("is_causal", 0):
+            continue
+        q, k, v, mask = node.input
+        ks, vs = scatter(k), scatter(v)
+        masked = _causal_offset_mask(g, mask)
+        if ks is None or vs is None or masked is None or q not in known or known[q][0] != torch.float32:
+            continue
+        (k_node, k_pos), (v_node, v_pos) = ks, vs
+        cache = g.shape(k_node.input[0])
+        batch, kv_heads, length, head = cache
+        if g.shape(v_node.input[0]) != cache or masked != (k_pos, length) or v_pos != k_pos or batch != 1 or head % 8:
+            continue
+        qb, heads, s, qd = known[q][1]
+        if not isinstance(heads, int) or heads % kv_heads or qd != head or not same_shape((qb,), (batch,)):
+            continue
+        if not same_shape(known[k_node.input[2]][1], (batch, kv_heads, s, head)) or not same_shape(known[v_node.input[2]][1], (batch, kv_heads, s, head)):
+            continue
+        size, p = k_pos
+        nodes = []
+        q_rows, made = rows_of(q, heads, head)
+        nodes += made
+        k_rows, made = rows_of(k_node.input[2], kv_heads, head)
+        nodes += made
+        v_rows, made = rows_of(v_node.input[2], kv_heads, head)
+        nodes += made
+
+        def op(op_type, *inputs, **kw):
+            out = fresh(f"{node.name}_{op_type.lower()}")
+            nodes.append(helper.make_node(op_type, list(inputs), [out], **kw))
+            return out
+
+        # p clamped to [0, L - S] (the call raises outside; the kernel then stays in its buffers)
+        zero = constant(np.array(0, np.int64))
+        start = op("Where", op("Less", p, zero), zero, p)
+        last = op("Sub", constant(np.array(length, np.int64)), size)
+        start = op("Where", op("Greater", start, last), last, start)
+        total = op("Add", start, size)
+        total32 = op("Cast", total, to=TensorProto.INT32)
+        seqlens = op("Cast", op("Reshape", op("Sub", total, constant(np.array(1, np.int64))), constant([1])), to=TensorProto.INT32)
+        out_rows, present_k, present_v = fresh(node.output[0] + "_rows"), fresh(k_node.output[0] + "_present"), fresh(v_node.output[0] + "_present")
+        scale = float(attrs["scale"]) if "scale" in attrs else 1.0 / float(np.sqrt(head))
+        nodes.append(
+            helper.make_node(
+                "GroupQueryAttention", [q_rows, k_rows, v_rows, k_node.input[0], v_node.input[0], seqlens, total32],
+                [out_rows, present_k, present_v], name=node.name, domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv_heads, scale=scale,
+            )
+        )  # fmt: skip
+        # rows from p + S on: the buffers' own (the kernel leaves them unset)
+        stale = op("GreaterOrEqual", constant(np.arange(length, dtype=np.int64).reshape(1, 1, length, 1)), total)
+        nodes.append(helper.make_node("Where", [stale, k_node.input[0], present_k], [k_node.output[0]]))
+        nodes.append(helper.make_node("Where", [stale, v_node.input[0], present_v], [v_node.output[0]]))
+        # the heads the Attention gave, from the rows (a Transpose pair the next pass cancels)
+        heads_out = fresh(node.output[0] + "_bsnd")
+        nodes.append(helper.make_node("Reshape", [out_rows, constant([0, 0, heads, head])], [heads_out]))
+        nodes.append(helper.make_node("Transpose", [heads_out], [node.output[0]], perm=HEADS_PERM))
+        known[out_rows] = (torch.float32, (batch, s, heads * head))
+        known[heads_out] = (torch.float32, (batch, s, heads, head))
+        for x in (q_rows, k_rows, v_rows, out_rows):
+            graph.value_info.append(helper.make_tensor_value_info(x, TORCH_TO_ONNX[known[x][0]], [onnx_dim(d) for d in known[x][1]]))
+        rewritten[id(node)] = nodes
+        removed.update((id(k_node), id(v_node)))
+    if not rewritten:
+        return 0
+    nodes = [m for n in graph.node if id(n) not in removed for m in rewritten.get(id(n), [n])]
+    del graph.node[:]
+    graph.node.extend(live_nodes(nodes, g.outputs))
+    _cancel_head_transposes(graph, known)
+    return len(rewritten)
+
+
+def _cancel_head_transposes(graph: onnx.GraphProto, known: dict[str, tuple]) -> None:
+    """rows -> Reshape (B, S, N, D) -> Transpose(0, 2, 1, 3) -> [passes] -> Transpose(0, 2, 1, 3)
+    -> Reshape (B, S, N*D): the second Reshape's result is the rows (an Identity)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    for i, node in enumerate(graph.node):
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.output[0] not in known:
+            continue
+        back = producer.get(node.input[0])
+        while back is not None and _passes(back, known):
+            back = producer.get(back.input[0])
+        if back is None or back.op_type != "Transpose" or _perm(back) != HEADS_PERM:
+            continue
+        rows = _token_rows(producer, known, back.input[0])
+        if rows is not None and same_shape(known[rows][1], known[node.output[0]][1]):
+            graph.node[i].CopyFrom(helper.make_node("Identity", [rows], [node.output[0]], name=node.name))
+
+
+def skip_simplified_norms(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
+    """A residual sum read by an RMSNorm, as decoder blocks spell it:
+        h = Add(x, y); SimplifiedLayerNormalization(h, w)   (h also read elsewhere, or not)
+    becomes ONNX Runtime's SkipSimplifiedLayerNormalization(x, y, w) where the Add was, whose
+    fourth output is the sum (x + y, computed as the Add did) for h's other readers: one
+    kernel instead of two passes. Only float32 x and y of the same shape (the kernel does not
+    broadcast), the norm over the last axis with a 1-D weight that is an initializer or a
+    graph input (what fusions.fuse_rms_norm makes). Returns the count."""
+    g = _Graph(graph, known)
+    replaced, removed = {}, set()
+    for norm in graph.node:
+        if norm.op_type != "SimplifiedLayerNormalization" or norm.domain not in ("", "ai.onnx") or len(norm.input) != 2 or len(norm.output) != 1:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in norm.attribute}
+        weight = norm.input[1]
+        if attrs.get("axis", -1) != -1 or (weight not in g.initializers and weight not in g.inputs):
+            continue
+        add = g.producer.get(norm.input[0])
+        if add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or id(add) in replaced:
+            continue
+        x, y = add.input
+        if x not in known or y not in known or known[x][0] != torch.float32 or known[y][0] != torch.float32:
+            continue
+        if not same_shape(known[x][1], known[y][1]) or len(known[x][1]) < 2:
+            continue
+        replaced[id(add)] = helper.make_node(
+            "SkipSimplifiedLayerNormalization", [x, y, weight], [norm.output[0], "", "", add.output[0]],
+            name=norm.name, domain=MS_DOMAIN, epsilon=float(attrs.get("epsilon", 1e-5)),
+        )  # fmt: skip
+        removed.add(id(norm))
+    if not replaced:
+        return 0
+    nodes = [replaced.get(id(n), n) for n in graph.node if id(n) not in removed]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replaced)
