@@ -13,13 +13,20 @@ import torch
 from .options import Options
 
 
-def compile_static_cache_step(model, max_cache_len: int, *, batch_size: int = 1, example_length: int = 2, options: Options | dict | None = None):
+def compile_static_cache_step(
+    model, max_cache_len: int, *, batch_size: int = 1, example_length: int = 2, last_logits_only: bool = True,
+    options: Options | dict | None = None,
+):
     """ortlite.compile of a transformers causal LM's decode step with a static KV cache of
     max_cache_len positions (transformers' TorchExportableModuleWithStaticCache, exported
     with torch.export in strict mode, the sequence length dynamic from 1 to max_cache_len):
-    one compiled step serves the prompt and every new token. Needs transformers (imported
-    here only). The cache buffers belong to the step; the model's weights become its
-    initializers (so a later change of the model's weights is not seen)."""
+    one compiled step serves the prompt and every new token. last_logits_only: the step
+    returns the logits of the last position alone, (B, 1, vocab), as generation needs (the
+    model's logits_to_keep=1: the LM head runs on one row, not on the whole prompt). Needs
+    transformers (imported here only). The cache buffers belong to the step; the model's
+    weights become its initializers (a later change of the model's weights is not seen)."""
+    import inspect
+
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
     if example_length < 2 or example_length > max_cache_len:
@@ -31,6 +38,10 @@ def compile_static_cache_step(model, max_cache_len: int, *, batch_size: int = 1,
         wrapper = TorchExportableModuleWithStaticCache(model, batch_size=batch_size, max_cache_len=max_cache_len)
     finally:
         config.cache_implementation = kept
+    if last_logits_only:
+        if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+            raise ValueError(f"last_logits_only: {type(model).__name__}.forward takes no logits_to_keep")
+        wrapper.model = _LastPosition(model)
     length = torch.export.Dim("sequence_length", min=1, max=max_cache_len)
     kwargs = {
         "input_ids": torch.zeros((batch_size, example_length), dtype=torch.long),
@@ -44,6 +55,17 @@ def compile_static_cache_step(model, max_cache_len: int, *, batch_size: int = 1,
         from .aot import compile as aot_compile
 
         return aot_compile(program, options=options)
+
+
+class _LastPosition(torch.nn.Module):
+    """model(..., logits_to_keep=1): the logits of the last position alone."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, **kwargs):
+        return self.inner(**kwargs, logits_to_keep=1)
 
 
 def generate(step, input_ids: torch.Tensor, max_new_tokens: int, *, eos_token_id: int | None = None, on_token=None) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
-from .decoder import proven_attention_masks, skip_simplified_norms, static_cache_attention
+from .decoder import proven_attention_masks, repeated_checks, skip_simplified_norms, static_cache_attention
 from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
 from .quantize import add_domain, quantize_products
@@ -185,7 +185,11 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
     failures = []
-    for condition, message, to_torch in g.failures:  # extra 0-d bool outputs, read by the runner
+    # each check once: a condition computed alike with the same message is the same output
+    repeated = repeated_checks(g.nodes, g.initializers, g.failures)
+    for (condition, message, to_torch), again in zip(g.failures, repeated):  # extra 0-d bool outputs, read by the runner
+        if again:
+            continue
         failures.append((len(ort_outputs), message, to_torch))
         g.add_output(condition, torch.bool, ())
         ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
@@ -199,7 +203,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
-    raising = {condition for condition, _, to_torch in g.failures if not to_torch}  # outputs that make the call raise
+    raising = {ort_outputs[i].name for i, _, to_torch in failures if not to_torch}  # outputs that make the call raise
     proven_attention_masks(model.graph, known, raising)
     attention_fusions(model.graph, known, g.values_now)
     decoder_ops = static_cache_attention(model.graph, known, raising) + skip_simplified_norms(model.graph, known)

@@ -32,6 +32,7 @@ class _Graph:
         self.inputs = {i.name: i for i in graph.input}
         self.initializers = {t.name: t for t in graph.initializer}
         self._values: dict[str, np.ndarray | None] = {}
+        self._keys: dict[str, object] = {}
 
     def made_by(self, value: str, *op_types: str):
         """The node making value through Identities, if its op type is one of op_types."""
@@ -128,6 +129,34 @@ def _positions(g: _Graph, value: str):
     return None
 
 
+def _key(g: _Graph, value: str):
+    """A key equal for values computed alike: the same ops, attributes and constants from the
+    same graph inputs (transformers computes cache_position[0] and the sequence length anew
+    in every layer), through Identities."""
+    value = g.root(value)
+    if value in g._keys:
+        return g._keys[value]
+    g._keys[value] = ("cycle", value)  # (graphs have none; a guard all the same)
+    node = g.producer.get(value)
+    if value in g.initializers:
+        t = g.initializers[value]
+        result = ("const", t.data_type, tuple(t.dims), t.SerializeToString() if np.prod(t.dims) <= 64 else t.name)
+    elif node is None:
+        result = ("input", value)
+    elif any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        result = ("node", value)
+    else:
+        attrs = tuple(sorted(a.SerializeToString() for a in node.attribute))
+        result = (node.op_type, node.domain, attrs, tuple(_key(g, i) if i else "" for i in node.input), list(node.output).index(value))
+    g._keys[value] = result
+    return result
+
+
+def _same_positions(g: _Graph, a, b) -> bool:
+    """Two (S, p) of _positions are the same sizes and offsets."""
+    return a is not None and b is not None and all(_key(g, x) == _key(g, y) for x, y in zip(a, b))
+
+
 def _int_list(g: _Graph, value: str):
     """A small int64 vector (a shape) as a list of ints and names of 0-d values (sizes computed
     per call, by their root), where Concat, Reshape/Unsqueeze of a 0-d value and constants
@@ -180,7 +209,7 @@ def _layout(g: _Graph, chain: list, size: str):
             target = _int_list(g, node.input[1])
             if target is None:
                 return None
-            sized = [i for i, d in enumerate(target) if d == -1 or (isinstance(d, str) and g.root(d) == size)]
+            sized = [i for i, d in enumerate(target) if d == -1 or (isinstance(d, str) and _key(g, d) == _key(g, size))]
             if len(sized) != 1 or any(d != 1 for i, d in enumerate(target) if i != sized[0]):
                 return None
             axis, rank = sized[0], len(target)
@@ -237,7 +266,8 @@ def _checked_positions(g: _Graph, indices: str, failures: set, length: int):
     if zero is None or zero.size != 1 or int(zero.flat[0]) != 0:
         return None
     outside = g.made_by(where.input[0], "GreaterOrEqual")
-    if outside is None or not any(r.op_type == "ReduceMax" and set(r.output) & failures for r in g.readers.get(outside.output[0], [])):
+    raising = [g.producer.get(f) for f in failures]
+    if outside is None or not any(r is not None and r.op_type == "ReduceMax" and _key(g, r.input[0]) == _key(g, outside.output[0]) for r in raising):
         return None
     position, bound = (g.made_by(v, "Cast") for v in outside.input)
     if position is None or bound is None or g.root(position.input[0]) != g.root(where.input[2]):
@@ -283,7 +313,7 @@ def proven_attention_masks(graph: onnx.GraphProto, known: dict[str, tuple], fail
         if len(attention.input) != 4 or any(a.name == "is_causal" and a.i for a in attention.attribute):
             continue
         found = _causal_offset_mask(g, attention.input[3])
-        if found is None or found not in checked:
+        if found is None or not any(_same_positions(g, found[0], c[0]) and found[1] == c[1] for c in checked):
             continue
         rewritten = helper.make_node("Attention", list(attention.input), [node.output[0]], name=node.name)
         rewritten.attribute.extend(attention.attribute)
@@ -362,7 +392,9 @@ def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], fail
         (k_node, k_pos), (v_node, v_pos) = ks, vs
         cache = g.shape(k_node.input[0])
         batch, kv_heads, length, head = cache
-        if g.shape(v_node.input[0]) != cache or masked != (k_pos, length) or v_pos != k_pos or batch != 1 or head % 8:
+        if g.shape(v_node.input[0]) != cache or masked[1] != length or batch != 1 or head % 8:
+            continue
+        if not _same_positions(g, masked[0], k_pos) or not _same_positions(g, v_pos, k_pos):
             continue
         qb, heads, s, qd = known[q][1]
         if not isinstance(heads, int) or heads % kv_heads or qd != head or not same_shape((qb,), (batch,)):
@@ -475,3 +507,39 @@ def skip_simplified_norms(graph: onnx.GraphProto, known: dict[str, tuple]) -> in
     del graph.node[:]
     graph.node.extend(nodes)
     return len(replaced)
+
+
+def repeated_checks(nodes: list, initializers: list, checks: list) -> list[bool]:
+    """Per check (condition value name, message, to_torch: GraphBuilder.failures), whether an
+    earlier one has the same message and kind and a condition computed alike: the same ops,
+    attributes and constants from the same graph inputs (a decoder checks its cache
+    positions, the same arange(S) + cache_position[0], once per cache it writes)."""
+    producer = {o: (n, i) for n in nodes for i, o in enumerate(n.output)}
+    constants = {t.name: t for t in initializers}
+    memo: dict[str, object] = {}
+
+    def key(value: str):
+        if value in memo:
+            return memo[value]
+        memo[value] = ("cycle", value)  # (graphs have none; a guard all the same)
+        if value in constants:
+            t = constants[value]
+            result = ("const", t.data_type, tuple(t.dims), t.SerializeToString() if np.prod(t.dims) <= 64 else t.name)
+        elif value in producer:
+            node, index = producer[value]
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+                result = ("node", value)
+            else:
+                attrs = tuple(sorted(a.SerializeToString() for a in node.attribute))
+                result = (node.op_type, node.domain, attrs, tuple(key(i) if i else "" for i in node.input), index)
+        else:
+            result = ("input", value)
+        memo[value] = result
+        return result
+
+    seen, repeated = set(), []
+    for condition, message, to_torch in checks:
+        k = (key(condition), message, to_torch)
+        repeated.append(k in seen)
+        seen.add(k)
+    return repeated
