@@ -180,15 +180,24 @@ def _int_list(g: _Graph, value: str):
 
 
 def _to_root(g: _Graph, value: str):
-    """(root, chain): value made from root by Identities, Unsqueezes and Reshapes (chain, the
-    last one first)."""
+    """(root, chain): value made from root by Identities, Unsqueezes, Reshapes and additions
+    of an integer 0 of at most one dim (chain, the last one first)."""
     chain = []
     node = g.producer.get(value)
-    while node is not None and node.domain in ("", "ai.onnx") and node.op_type in ("Identity", "Unsqueeze", "Reshape"):
+    while node is not None and node.domain in ("", "ai.onnx") and node.op_type in ("Identity", "Unsqueeze", "Reshape", "Add"):
+        if node.op_type == "Add":
+            zero = [i for i, v in enumerate(node.input) if _is_int_zero(g.constant(v))]
+            if not zero:
+                break
+            node = helper.make_node("Identity", [node.input[1 - zero[0]]], list(node.output))
         chain.append(node)
         value = node.input[0]
         node = g.producer.get(value)
     return value, chain
+
+
+def _is_int_zero(a) -> bool:
+    return a is not None and a.dtype.kind == "i" and a.size == 1 and a.ndim <= 1 and int(a.flat[0]) == 0
 
 
 def _layout(g: _Graph, chain: list, size: str):
@@ -238,14 +247,14 @@ def _causal_offset_mask(g: _Graph, mask: str):
         return None
     keys, queries = condition.input
     key_values = g.constant(keys)
-    if key_values is None or key_values.ndim != 4 or key_values.shape[:3] != (1, 1, 1):
+    if key_values is None or key_values.ndim < 2 or any(d != 1 for d in key_values.shape[:-1]):
         return None
-    length = key_values.shape[3]
+    length = key_values.shape[-1]
     if not np.array_equal(key_values.reshape(-1), np.arange(length)):
         return None
     root, chain = _to_root(g, queries)
     found = _positions(g, root)
-    if found is None or _layout(g, chain, found[0]) != (2, 4):
+    if found is None or _layout(g, chain, found[0]) != (key_values.ndim - 2, key_values.ndim):
         return None
     return found, length
 

@@ -1,0 +1,197 @@
+"""Decode steps with a static KV cache (ortlite.decode, ortlite.lower.decoder): attention over
+the cache becomes GroupQueryAttention only where the graph proves it the same computation,
+and the step's tokens, logits and cache buffers are eager's, at every length a loop calls it
+with (prompt, one token, a chunk)."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+import torch
+
+import ortlite
+import ortlite.decode
+from conftest import assert_same
+
+transformers = pytest.importorskip("transformers")
+
+
+def ops_of(compiled) -> dict:
+    counts: dict = {}
+    for node in compiled.onnx_model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+class StaticAttention(torch.nn.Module):
+    """One attention over a static cache, the way transformers' StaticCache writes it
+    (index_copy_ at positions arange(S) + p) and masks it (key j <= position of query i),
+    with the variations a fusion must not take for the same thing: `positions` "given" (the
+    caller's cache_position, not arange(S) + p), `shift` (keys up to position + shift:
+    shift 1 reads a slot not written yet), `window` (a sliding window: keys past
+    position - window masked)."""
+
+    def __init__(self, heads=4, kv_heads=2, head=16, length=24, positions="arange", shift=0, window=None, batch=1):
+        super().__init__()
+        torch.manual_seed(0)
+        hidden = heads * head
+        self.heads, self.kv_heads, self.head = heads, kv_heads, head
+        self.q = torch.nn.Linear(hidden, hidden, bias=False)
+        self.k = torch.nn.Linear(hidden, kv_heads * head, bias=False)
+        self.v = torch.nn.Linear(hidden, kv_heads * head, bias=False)
+        self.register_buffer("keys", torch.zeros(batch, kv_heads, length, head))
+        self.register_buffer("values", torch.zeros(batch, kv_heads, length, head))
+        self.positions, self.shift, self.window, self.length = positions, shift, window, length
+
+    def forward(self, x, cache_position):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head).transpose(1, 2)
+        k = self.k(x).view(b, s, self.kv_heads, self.head).transpose(1, 2)
+        v = self.v(x).view(b, s, self.kv_heads, self.head).transpose(1, 2)
+        positions = torch.arange(s) + cache_position[0] if self.positions == "arange" else cache_position
+        self.keys.index_copy_(2, positions, k)
+        self.values.index_copy_(2, positions, v)
+        keys = torch.arange(self.length)
+        allowed = keys[None, :] <= positions[:, None] + self.shift
+        if self.window is not None:
+            allowed = allowed & (keys[None, :] > positions[:, None] - self.window)
+        r = self.heads // self.kv_heads
+        kc = self.keys[:, :, None].expand(b, self.kv_heads, r, self.length, self.head).reshape(b, self.heads, self.length, self.head)
+        vc = self.values[:, :, None].expand(b, self.kv_heads, r, self.length, self.head).reshape(b, self.heads, self.length, self.head)
+        out = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=allowed)
+        return out.transpose(1, 2).reshape(b, s, -1)
+
+
+def compile_step(module, batch=1, example=3):
+    hidden = module.heads * module.head
+    length = torch.export.Dim("length", min=1, max=module.length)
+    args = (torch.randn(batch, example, hidden), torch.arange(example))
+    with torch.no_grad():
+        program = torch.export.export(module, args, dynamic_shapes=({1: length}, {0: length}), strict=True)
+        return ortlite.compile(program)
+
+
+def run_loop(module, compiled, batch=1, calls=((0, 5), (5, 1), (6, 1), (7, 3), (10, 1), (2, 4), (6, 1))):
+    """Both through the same calls (start, length), from the same cache; outputs and buffers
+    compared after each (the cache from start + length on keeps what earlier calls wrote)."""
+    hidden = module.heads * module.head
+    eager_buffers = {n: b.clone() for n, b in module.named_buffers()}
+    for start, length in calls:
+        x = torch.randn(batch, length, hidden)
+        positions = torch.arange(start, start + length)
+        with torch.no_grad():
+            got = compiled(x, positions)
+            for n, b in module.named_buffers():
+                b.copy_(eager_buffers[n])
+            expected = module(x, positions)
+            eager_buffers = {n: b.clone() for n, b in module.named_buffers()}
+        assert_same(got, expected, rtol=1e-5, atol=1e-5)
+        for tensor, target in zip(ortlite.decode.cache_tensors(compiled), [t for _, t in compiled._mutations]):
+            assert_same(tensor, eager_buffers[target], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "variant, fused",
+    [
+        (dict(), True),
+        (dict(kv_heads=4), True),  # as many kv heads as query heads
+        (dict(positions="given"), False),  # written where the caller says: not arange(S) + p
+        (dict(shift=1), False),  # a key not written yet is seen
+        (dict(window=3), False),  # a sliding window
+        (dict(head=12), False),  # GroupQueryAttention takes head sizes of multiples of 8
+        (dict(batch=2), False),  # its kernel takes S > 1 with a past for one sequence alone
+    ],
+)
+def test_static_cache_attention_only_where_proven(variant, fused):
+    module = StaticAttention(**variant).eval()
+    batch = variant.get("batch", 1)
+    compiled = compile_step(module, batch)
+    ops = ops_of(compiled)
+    assert ops.get("GroupQueryAttention", 0) == (1 if fused else 0), ops
+    if fused:
+        assert "ScatterElements" not in ops and "If" not in ops and "Attention" not in ops, ops
+    calls = ((0, 5), (5, 1), (6, 3), (9, 1), (3, 2), (5, 1)) if variant.get("positions") != "given" else ((0, 5), (5, 1), (6, 2))
+    run_loop(module, compiled, batch, calls)
+
+
+@pytest.mark.parametrize("start, length", [(22, 3), (24, 1), (-1, 2)])
+def test_static_cache_positions_outside_raise(start, length):
+    """Cache positions outside [0, L) raise as eager's index_copy_ does (the kernel, given a
+    clamped position, stays within its buffers)."""
+    module = StaticAttention().eval()
+    compiled = compile_step(module)
+    x = torch.randn(1, length, 64)
+    with pytest.raises((RuntimeError, IndexError)):
+        with torch.no_grad():
+            module(x, torch.arange(start, start + length))
+    with pytest.raises(RuntimeError, match="index"):
+        compiled(x, torch.arange(start, start + length))
+    compiled(torch.randn(1, 2, 64), torch.arange(3, 5))  # and it runs on
+
+
+def tiny_llama(**overrides):
+    torch.manual_seed(0)
+    config = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    config.update(overrides)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval().requires_grad_(False)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_llama_static_cache_step_generates_eager_tokens():
+    """transformers' exportable static-cache step: GroupQueryAttention in every layer, the
+    tokens of eager generate (dynamic cache) for prompts of several lengths in turn, the
+    caches eager's own wrapper leaves (bit for bit where both wrote; stale rows kept), and
+    over a few hundred steps the same cache memory and no memory growth."""
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    model = tiny_llama()
+    length = 40
+    step = ortlite.decode.compile_static_cache_step(model, length)
+    ops = ops_of(step)
+    assert ops.get("GroupQueryAttention") == 2 and ops.get("SkipSimplifiedLayerNormalization") == 4, ops
+    assert "ScatterElements" not in ops and "If" not in ops, ops
+    model.generation_config.cache_implementation = "static"
+    eager_step = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=length)
+    model.generation_config.cache_implementation = None
+    torch.manual_seed(1)
+    for prompt, new in ((7, 20), (3, 9), (12, 15)):
+        ids = torch.randint(3, 256, (1, prompt))
+        with torch.no_grad():
+            expected = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)[0, prompt:]
+            assert torch.equal(ortlite.decode.generate(step, ids, new)[0], expected)
+            # eager's wrapper through the same calls, the prompt in two chunks: logits and caches
+            position = 0
+            tokens = [ids[:, : prompt // 2], ids[:, prompt // 2 :]] + [expected[i].view(1, 1) for i in range(new - 1)]
+            for chunk in tokens:
+                positions = torch.arange(position, position + chunk.shape[1])
+                assert_same(step(input_ids=chunk, cache_position=positions), eager_step(input_ids=chunk, cache_position=positions)[:, -1:], rtol=1e-4, atol=1e-5)
+                position += chunk.shape[1]
+            buffers = dict(eager_step.named_buffers())
+            for tensor, target in zip(ortlite.decode.cache_tensors(step), [t for _, t in step._mutations]):
+                assert_same(tensor, buffers[target], rtol=1e-5, atol=1e-6)
+    pointers = [t.data_ptr() for t in ortlite.decode.cache_tensors(step)]
+    ids = torch.randint(3, 256, (1, 4))
+    sizes = []
+    for _ in range(10):
+        ortlite.decode.generate(step, ids, 30)
+        gc.collect()
+        sizes.append(rss_mb())
+    assert pointers == [t.data_ptr() for t in ortlite.decode.cache_tensors(step)]
+    assert sizes[-1] - sizes[2] < 2, sizes
+
+
+def test_generate_stops_at_eos():
+    model = tiny_llama()
+    step = ortlite.decode.compile_static_cache_step(model, 32)
+    ids = torch.randint(3, 256, (1, 5))
+    tokens = ortlite.decode.generate(step, ids, 12)
+    eos = int(tokens[0, 3])
+    first = int((tokens[0] == eos).nonzero()[0])
+    stopped = ortlite.decode.generate(step, ids, 12, eos_token_id=eos)
+    assert torch.equal(stopped[0], tokens[0, : first + 1])
