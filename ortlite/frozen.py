@@ -33,8 +33,10 @@ import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as C
 from torch.utils.dlpack import to_dlpack
 
-from .lower.builder import TORCH_TO_ONNX
 from .logs import warn_once
+from .lower.builder import TORCH_TO_ONNX
+from .lower.quantize import derived_values
+from .session import current_cuda_stream
 
 # A frozen session that served fewer calls than this before its weights changed did not
 # pay for its build; after STALE_QUICKLY_LIMIT such sessions the graph binds its weights.
@@ -141,27 +143,62 @@ def ort_values(tensors) -> list:
     return values
 
 
-class FrozenWeights:
-    """Builds and rebuilds a runner's frozen sessions; decides when to stop freezing.
+class BoundWeights:
+    """The weights policy of a graph that takes its weights as inputs, bound per call like
+    any argument: its sessions (one per CUDA stream) come from the model as lowered."""
 
-    make_session(tensors by name, stream) -> a session (stream None: torch's current one).
+    indices = frozenset()  # no argument is an initializer of the session
+
+    def __init__(self, lowered, options, sessions, devices: set, unplanned: bool):
+        self.lowered, self.options, self.sessions, self.devices, self.unplanned = lowered, options, sessions, devices, unplanned
+        self.model_bytes = lowered.model.SerializeToString()
+
+    def session_for_stream(self, stream):
+        return self.sessions.get(self.model_bytes, self.options, self.devices, stream, self.lowered.disabled_optimizers, self.unplanned)
+
+    def attach(self, runner) -> None:
+        pass
+
+
+class FrozenWeights:
+    """The weights policy of a graph whose weights (frozen: argument index -> tensor) become
+    initializers of its sessions: builds the sessions from the current tensors, and on a
+    change (the runner calls changed) rebuilds one or decides to stop freezing.
+
     unfrozen() -> a callable taking the graph's arguments, with the weights bound as inputs
     (used once the weights keep changing, or can no longer be frozen)."""
 
-    def __init__(self, name: str, indices: list[int], input_names: list[str], make_session, unfrozen):
-        self.name, self.indices, self.input_names = name, indices, input_names
-        self.make_session, self.unfrozen = make_session, unfrozen
+    def __init__(self, name: str, lowered, frozen: dict, unfrozen, options, sessions, devices: set, unplanned: bool):
+        self.name, self.lowered, self.unfrozen = name, lowered, unfrozen
+        self.options, self.sessions, self.devices, self.unplanned = options, sessions, devices, unplanned
+        self.indices = sorted(frozen)
+        self.input_names = [lowered.inputs[i].name for i in self.indices]
+        # initializers: the weights the model reads (one only its size prelude reads is watched all the same)
+        self.in_model = {i.name for i in lowered.model.graph.input}
+        stubs = {n: frozen[i] for i, n in zip(self.indices, self.input_names) if n in self.in_model}
+        self.model_bytes = frozen_model_bytes(lowered.model, stubs)
+        self.tensors = [frozen[i] for i in self.indices]  # until attached: then the runner holds them (weakly)
         self.runner = None
-        self.layout = None  # (shape, dtype, device) of each frozen tensor: what the model's stubs say
+        self.layout = [(t.shape, t.dtype, t.device) for t in self.tensors]  # what the model's stubs say
         self.built_at_run = 0
         self.stale_quickly = 0
 
     def session(self, tensors: list, stream=None):
-        return self.make_session(dict(zip(self.input_names, tensors)), stream)
+        """A session whose initializers are these tensors (stream None: torch's current one)."""
+        if stream is None:
+            stream = current_cuda_stream(self.devices)
+        weights = dict(zip(self.input_names, tensors))
+        derived = derived_values(self.lowered.derived_weights, weights)  # Options.quantize: from the current values
+        weights = {n: t for n, t in weights.items() if n in self.in_model} | derived
+        return self.sessions.frozen(self.model_bytes, self.options, self.devices, stream, self.lowered.disabled_optimizers, weights, self.unplanned)
 
-    def attach(self, runner, tensors: list) -> None:
-        self.runner = runner
-        self.layout = [(t.shape, t.dtype, t.device) for t in tensors]
+    def session_for_stream(self, stream):
+        tensors = self.tensors if self.runner is None else list(self.runner.frozen_tensors().values())
+        return self.session(tensors, stream)
+
+    def attach(self, runner) -> None:
+        """The runner watches the tensors from now on (and calls changed when one changes)."""
+        tensors, self.tensors, self.runner = self.tensors, None, runner
         runner.on_weights_changed = self.changed
         runner.set_frozen(self.indices, tensors, None, contents(tensors))
 

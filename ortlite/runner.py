@@ -16,11 +16,10 @@ from onnxruntime.capi import onnxruntime_pybind11_state as C
 from torch.utils._sympy.printers import PythonPrinter
 
 from . import _fast
-from .frozen import FrozenWeights, frozen_model_bytes
+from .frozen import BoundWeights, FrozenWeights
 from .lower import LoweredGraph, sizes_vary
 from .lower.builder import TORCH_TO_ONNX, sym_expr
 from .lower.hoist import SHAPE, VALUE, WEIGHT
-from .lower.quantize import derived_values
 from .session import current_cuda_stream, disabled_optimizers_for, ort_device
 
 
@@ -41,10 +40,10 @@ def runner_for(
     name: str, lowered: LoweredGraph, gm, options, sessions, *, boxed: bool = False, cls=_fast.Runner, frozen=None, unfrozen=None
 ):
     """The rest of compiling a lowered graph, shared by torch.compile and ortlite.compile:
-    model transforms, the dump, the session (made or reused; errors propagate), the runner.
-    frozen: argument index -> tensor, for weights that become initializers of the session
-    (see ortlite.frozen); unfrozen() then gives the callable to use once they keep changing
-    (the graph lowered anew: this one's size prelude may read the weights)."""
+    model transforms and the dump, the weights policy (ortlite.frozen), the session (made or
+    reused; errors propagate), the runner. frozen: argument index -> tensor, for weights
+    that become initializers of the session; unfrozen() then gives the callable to use once
+    they keep changing (the graph lowered anew: this one's size prelude may read the weights)."""
     for transform in options.model_transforms:
         transform(lowered.model)
     if options.dump_dir:
@@ -53,14 +52,13 @@ def runner_for(
     unplanned = unkeyed_varying_sizes(lowered)
     if frozen:
         assert unfrozen is not None
-        return _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen, unfrozen, unplanned)
-    model_bytes = lowered.model.SerializeToString()
-
-    def session_for_stream(stream):
-        return sessions.get(model_bytes, options, devices, stream, lowered.disabled_optimizers, unplanned)
-
-    sess = session_for_stream(current_cuda_stream(devices))
-    return build_runner(name, lowered, sess, boxed=boxed, cls=cls, session_for_stream=session_for_stream)
+        weights = FrozenWeights(name, lowered, frozen, unfrozen, options, sessions, devices, unplanned)
+    else:
+        weights = BoundWeights(lowered, options, sessions, devices, unplanned)
+    sess = weights.session_for_stream(current_cuda_stream(devices))
+    runner = build_runner(name, lowered, sess, boxed=boxed, cls=cls, session_for_stream=weights.session_for_stream, frozen=set(weights.indices))
+    weights.attach(runner)
+    return runner
 
 
 def unkeyed_varying_sizes(lowered: LoweredGraph) -> bool:
@@ -69,33 +67,6 @@ def unkeyed_varying_sizes(lowered: LoweredGraph) -> bool:
     (each holds about a run's intermediates). Its sessions make no plans (ortlite.session
     create_session's `unplanned`), compiled or loaded."""
     return lowered.pattern_key is None and sizes_vary(lowered.inputs)
-
-
-def _frozen_runner(name, lowered, gm, options, sessions, devices, boxed, cls, frozen: dict, unfrozen, unplanned: bool):
-    indices = sorted(frozen)
-    names = [lowered.inputs[i].name for i in indices]
-    # initializers: the weights the model reads (one only its size prelude reads is watched all the same)
-    in_model = {i.name for i in lowered.model.graph.input}
-    model_bytes = frozen_model_bytes(lowered.model, {n: frozen[i] for i, n in zip(indices, names) if n in in_model})
-
-    def make_session(weights: dict, stream=None):
-        if stream is None:
-            stream = current_cuda_stream(devices)
-        derived = derived_values(lowered.derived_weights, weights)  # Options.quantize: from the current values
-        weights = {n: t for n, t in weights.items() if n in in_model} | derived
-        return sessions.frozen(model_bytes, options, devices, stream, lowered.disabled_optimizers, weights, unplanned)
-
-    watcher = FrozenWeights(name, indices, names, make_session, unfrozen)
-    runner = None
-
-    def session_for_stream(stream):  # another CUDA stream: a session from the current weights
-        return watcher.session(list(runner.frozen_tensors().values()), stream)
-
-    tensors = [frozen[i] for i in indices]
-    sess = watcher.session(tensors)
-    runner = build_runner(name, lowered, sess, boxed=boxed, cls=cls, session_for_stream=session_for_stream, frozen=set(indices))
-    watcher.attach(runner, tensors)
-    return runner
 
 
 def dump(directory: str, name: str, model, gm) -> None:
@@ -448,7 +419,7 @@ def describe_mismatch(graph, index, input_name, dtype, device_index, shape, got)
         return TypeError(f"{where}: expected {expected}, got {actual}")
     if got.layout != torch.strided:
         return TypeError(f"{where}: expected {expected}, got a {str(got.layout).removeprefix('torch.')} tensor (ortlite binds strided tensors' memory: pass .to_dense())")
-    if type(got) is not torch.nn.Parameter and type(got).__torch_function__.__func__ is not torch.Tensor.__torch_function__.__func__:
+    if _fast.overrides_torch_function(got):
         return TypeError(
             f"{where}: expected {expected}, got a {type(got).__name__}, a tensor subclass with a __torch_function__ of its own, "
             "which ortlite.compile cannot run (torch.compile(backend='ortlite') runs it; or pass x.as_subclass(torch.Tensor))"

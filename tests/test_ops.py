@@ -495,3 +495,19 @@ def test_bfloat16_on_cpu_stays_in_torch_with_a_reason_in_ortlites_words():
     (graph,) = report.graphs
     assert graph.sessions == [] and {why for _, why, _ in graph.torch_ops} == {"bfloat16 on CPU: ONNX Runtime's CPU provider has almost no bfloat16 kernels; torch runs it"}
     assert "ONNXRuntimeError" not in str(report)
+
+
+# aten.signbit: lowered by following docs/design.md's "Adding an aten op lowering" step by step
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_signbit(dtype, dynamic):
+    x = bools(3, 4) if dtype == torch.bool else ints(3, 4, lo=-6 if dtype != torch.uint8 else 0).to(dtype)
+    check_lowered(torch.signbit, x, dynamic=dynamic)
+    check_lowered(torch.signbit, x[:, 1], dynamic=dynamic)  # non-contiguous
+    check_lowered(torch.signbit, x[0, 0], dynamic=dynamic)  # 0-d
+    check_lowered(torch.signbit, torch.zeros(0, 4, dtype=dtype), dynamic=dynamic)  # empty
+
+
+def test_signbit_of_floats_stays_in_torch():
+    x = torch.tensor([-0.0, 0.0, -1.5, float("nan"), -float("nan"), float("inf")])
+    check_fallback(torch.signbit, x, op="aten.signbit.default")

@@ -403,6 +403,20 @@ def round_decimals(g, node, x, *, decimals=0):
     return g.op("Mul", g.op("Round", g.op("Div", x, scale)), scale)
 
 
+def _signbit_check(node):
+    # a NaN's sign bit cannot be read in ONNX (no bit cast): only integer and bool inputs
+    if is_float(arg_val(node, 0).dtype):
+        return "float input (NaN sign bits)"
+    return None
+
+
+@lower(aten.signbit.default, check=_signbit_check)
+def signbit(g, node, x):
+    if x.dtype == torch.bool or x.dtype == torch.uint8:
+        return g.op("Expand", g.const(False), g.ints(out_shape(node)))
+    return g.op("Less", x, g.const(0, x.dtype))
+
+
 @lower(aten.sign.default)
 def sign(g, node, x):
     if x.dtype == torch.bool:
