@@ -73,8 +73,9 @@ class _StructuredCompiledModel(CompiledModel):
             results = (results,)
         for (kind, target), value in zip(self._mutations, results):
             destination = self._mutation_target(kind, target, flat)
-            with torch.no_grad():
-                destination.copy_(value)
+            if value is not destination:  # (an output ONNX Runtime wrote in place is the buffer itself)
+                with torch.no_grad():
+                    destination.copy_(value)
         user = list(results[len(self._mutations) :])
         if reduced is not None:
             user = _cast(user, torch.float32, reduced)

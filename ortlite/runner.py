@@ -141,7 +141,25 @@ def build_runner(
         lowered.failures,
         (lowered.pattern_key, ort_device(torch.device("cpu"))) if lowered.pattern_key else None,
         _size_constants(name, lowered, frozen),
+        inplace_pairs(lowered, frozen),
     )
+
+
+def inplace_pairs(lowered: LoweredGraph, frozen=frozenset()) -> list[tuple[int, int]]:
+    """(ORT output index, argument index) of each output written into an argument's memory
+    (LoweredGraph.inplace): the same static shape, dtype and device, a tensor argument that
+    is not an initializer. A pair that is not so is a lowering's bug: raises."""
+    outputs = {o.name: i for i, o in enumerate(lowered.ort_outputs)}
+    arguments = {spec.name: i for i, spec in enumerate(lowered.inputs) if spec.name}
+    pairs = []
+    for output, argument in lowered.inplace:
+        i, j = outputs.get(output), arguments.get(argument)
+        o = lowered.ort_outputs[i] if i is not None else None
+        a = lowered.inputs[j] if j is not None else None
+        if o is None or a is None or a.kind != "tensor" or j in frozen or not _is_static(o.shape) or tuple(o.shape) != tuple(a.shape) or o.dtype != a.dtype or o.device != a.device:
+            raise ValueError(f"ortlite: output {output!r} cannot be written into input {argument!r} in place")
+        pairs.append((i, j))
+    return pairs
 
 
 def _size_constants(name: str, lowered: LoweredGraph, frozen):
@@ -260,7 +278,8 @@ def _recycle_outputs(lowered: LoweredGraph) -> bool:
     reuse across streams, which recycling would bypass."""
     if not lowered.ort_outputs or any(o.device.type != "cpu" for o in lowered.ort_outputs):
         return False
-    static = [o for o in lowered.ort_outputs if _is_static(o.shape)]
+    written = {output for output, _ in lowered.inplace}  # (into an argument: never allocated)
+    static = [o for o in lowered.ort_outputs if _is_static(o.shape) and o.name not in written]
     return sum(math.prod(o.shape) * o.dtype.itemsize for o in static) <= RECYCLE_MAX_BYTES
 
 

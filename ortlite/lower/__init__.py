@@ -92,6 +92,10 @@ class LoweredGraph:
     # stub initializers of quantized frozen weights: name -> (weight input, form, transposed)
     quantized: list = dataclasses.field(default_factory=list)
     derived_weights: dict = dataclasses.field(default_factory=dict)
+    # outputs ONNX Runtime must write into an input's memory (its kernel makes them from that
+    # input in place: GroupQueryAttention's present key sharing the past key's buffer, see
+    # lower.decoder): [(ONNX output name, ONNX input name)]; the runner binds both to it
+    inplace: list = dataclasses.field(default_factory=list)
 
 
 def _scalar_kind(val) -> str | None:
@@ -206,7 +210,8 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     raising = {ort_outputs[i].name for i, _, to_torch in failures if not to_torch}  # outputs that make the call raise
     proven_attention_masks(model.graph, known, raising)
     attention_fusions(model.graph, known, g.values_now)
-    decoder_ops = static_cache_attention(model.graph, known, raising) + skip_simplified_norms(model.graph, known)
+    inplace: list = []
+    decoder_ops = static_cache_attention(model.graph, known, raising, inplace) + skip_simplified_norms(model.graph, known)
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     shield_range_gathers(model.graph)
@@ -229,7 +234,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
             add_domain(model)
     return LoweredGraph(
         model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key, prelude,
-        quantized=quantized, derived_weights=derived,
+        quantized=quantized, derived_weights=derived, inplace=inplace,
     )
 
 

@@ -335,7 +335,7 @@ def proven_attention_masks(graph: onnx.GraphProto, known: dict[str, tuple], fail
     return count
 
 
-def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], failures: set) -> int:
+def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], failures: set, inplace: list | None = None) -> int:
     """Attention over a static KV cache as transformers' StaticCache spells it, lowered:
         Kc = ScatterElements(K, positions, k_new, axis=2)   (K a graph input (1, Hkv, L, D), Kc a graph output: the
         Vc = ScatterElements(V, positions, v_new, axis=2)    buffers' new values; positions arange(S) + p, checked)
@@ -344,8 +344,12 @@ def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], fail
     total_sequence_length = p + S) on token rows: it writes k_new and v_new at rows p..p+S-1
     of its present key and value (rows below p from K and V) and attends each query i to keys
     0..p+i, the same keys the mask leaves, with the same arithmetic per row (the mask's other
-    keys weigh exp(-inf) = 0). Its present rows from p + S on are not K's: a Where takes
-    them from K, so Kc and Vc are the buffers' values as eager leaves them (bit for bit).
+    keys weigh exp(-inf) = 0). inplace (a list): where nothing else reads K and V, the
+    present key and value are Kc and Vc, written into K's and V's memory (the kernel's
+    shared past/present buffer: it writes rows p..p+S-1 alone, and the others stay K's and
+    V's, as eager leaves them); the pairs (Kc, K), (Vc, V) are appended, for the runner to
+    bind so (LoweredGraph.inplace). Else (inplace None) the present rows from p + S on are not
+    K's: a Where takes them from K, so Kc and Vc are eager's values all the same.
     Only where the cache positions and the mask's are the same arange(S) + p, the call
     raises for positions outside [0, L) (p is clamped for the kernel, which then stays in
     its buffers), batch 1 (the kernel's condition for S > 1 with a past), float32, head
@@ -432,7 +436,13 @@ def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], fail
         total = op("Add", start, size)
         total32 = op("Cast", total, to=TensorProto.INT32)
         seqlens = op("Cast", op("Reshape", op("Sub", total, constant(np.array(1, np.int64))), constant([1])), to=TensorProto.INT32)
-        out_rows, present_k, present_v = fresh(node.output[0] + "_rows"), fresh(k_node.output[0] + "_present"), fresh(v_node.output[0] + "_present")
+        shared = inplace is not None and all(g.readers.get(n.input[0]) == [n] for n in (k_node, v_node))
+        out_rows = fresh(node.output[0] + "_rows")
+        if shared:
+            present_k, present_v = k_node.output[0], v_node.output[0]
+            inplace += [(present_k, k_node.input[0]), (present_v, v_node.input[0])]
+        else:
+            present_k, present_v = fresh(k_node.output[0] + "_present"), fresh(v_node.output[0] + "_present")
         scale = float(attrs["scale"]) if "scale" in attrs else 1.0 / float(np.sqrt(head))
         nodes.append(
             helper.make_node(
@@ -440,10 +450,10 @@ def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], fail
                 [out_rows, present_k, present_v], name=node.name, domain=MS_DOMAIN, num_heads=heads, kv_num_heads=kv_heads, scale=scale,
             )
         )  # fmt: skip
-        # rows from p + S on: the buffers' own (the kernel leaves them unset)
-        stale = op("GreaterOrEqual", constant(np.arange(length, dtype=np.int64).reshape(1, 1, length, 1)), total)
-        nodes.append(helper.make_node("Where", [stale, k_node.input[0], present_k], [k_node.output[0]]))
-        nodes.append(helper.make_node("Where", [stale, v_node.input[0], present_v], [v_node.output[0]]))
+        if not shared:  # rows from p + S on: the buffers' own (in a buffer of its own, the kernel leaves them unset)
+            stale = op("GreaterOrEqual", constant(np.arange(length, dtype=np.int64).reshape(1, 1, length, 1)), total)
+            nodes.append(helper.make_node("Where", [stale, k_node.input[0], present_k], [k_node.output[0]]))
+            nodes.append(helper.make_node("Where", [stale, v_node.input[0], present_v], [v_node.output[0]]))
         # the heads the Attention gave, from the rows (a Transpose pair the next pass cancels)
         heads_out = fresh(node.output[0] + "_bsnd")
         nodes.append(helper.make_node("Reshape", [out_rows, constant([0, 0, heads, head])], [heads_out]))
