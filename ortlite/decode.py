@@ -15,20 +15,29 @@ from .options import Options
 
 def compile_static_cache_step(
     model, max_cache_len: int, *, batch_size: int = 1, example_length: int = 2, last_logits_only: bool = True,
-    options: Options | dict | None = None,
+    separate_decode: bool | None = None, options: Options | dict | None = None,
 ):
-    """ortlite.compile of a transformers causal LM's decode step with a static KV cache of
+    """ortlite.compile of a transformers causal LM's step with a static KV cache of
     max_cache_len positions (transformers' TorchExportableModuleWithStaticCache, exported
-    with torch.export in strict mode, the sequence length dynamic from 1 to max_cache_len):
-    one compiled step serves the prompt and every new token. last_logits_only: the step
-    returns the logits of the last position alone, (B, 1, vocab), as generation needs (the
-    model's logits_to_keep=1: the LM head runs on one row, not on the whole prompt). Needs
-    transformers (imported here only). The cache buffers belong to the step; the model's
-    weights become its initializers (a later change of the model's weights is not seen)."""
+    with torch.export in strict mode, the sequence length dynamic): a StaticCacheStep,
+    called step(input_ids=(B, S), cache_position=(S,)) for the prompt and each new token.
+
+    last_logits_only: the step returns the logits of the last position alone, (B, 1, vocab),
+    as generation needs (the model's logits_to_keep=1: the LM head on one row, not on the
+    whole prompt). separate_decode: one token (S = 1) runs a graph of its own, compiled with
+    static sizes, beside the graph for S >= 2 (both write the same cache buffers); None: so
+    where options quantize (int4's 1-row kernel then needs no choice per call; weights are
+    held once per graph, so a float32 model keeps one graph by default). Needs transformers
+    (imported here only). The cache buffers belong to the step; the model's weights become
+    initializers (a later change of the model's weights is not seen)."""
     import inspect
 
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
+    options = Options.coerce(options)
+    if separate_decode is None:
+        separate_decode = options.quantize is not None
+    least = 2 if separate_decode else 1
     if example_length < 2 or example_length > max_cache_len:
         raise ValueError(f"example_length must be in [2, max_cache_len], got {example_length} (torch.export specializes a size of 1)")
     config = model.generation_config
@@ -42,19 +51,43 @@ def compile_static_cache_step(
         if "logits_to_keep" not in inspect.signature(model.forward).parameters:
             raise ValueError(f"last_logits_only: {type(model).__name__}.forward takes no logits_to_keep")
         wrapper.model = _LastPosition(model)
-    length = torch.export.Dim("sequence_length", min=1, max=max_cache_len)
-    kwargs = {
-        "input_ids": torch.zeros((batch_size, example_length), dtype=torch.long),
-        "cache_position": torch.arange(example_length),
-    }
-    with torch.no_grad():
-        # strict: torch 2.13's non-strict export of this wrapper fails later, in run_decompositions
-        program = torch.export.export(
-            wrapper, (), kwargs, dynamic_shapes={"input_ids": {1: length}, "cache_position": {0: length}}, strict=True
-        )
-        from .aot import compile as aot_compile
+    from .aot import compile as aot_compile
 
-        return aot_compile(program, options=options)
+    def compiled(length, dynamic):
+        kwargs = {"input_ids": torch.zeros((batch_size, length), dtype=torch.long), "cache_position": torch.arange(length)}
+        shapes = None
+        if dynamic:
+            size = torch.export.Dim("sequence_length", min=least, max=max_cache_len)
+            shapes = {"input_ids": {1: size}, "cache_position": {0: size}}
+        with torch.no_grad():
+            # strict: torch 2.13's non-strict export of this wrapper fails later, in run_decompositions
+            program = torch.export.export(wrapper, (), kwargs, dynamic_shapes=shapes, strict=True)
+            return aot_compile(program, options=options)
+
+    prompt = compiled(example_length, True)
+    decode = compiled(1, False) if separate_decode else None
+    return StaticCacheStep(prompt, decode)
+
+
+class StaticCacheStep:
+    """A compiled step with a static KV cache (compile_static_cache_step): prompt, a
+    CompiledModel for S >= 1 (S >= 2 where decode is one), and decode, one for S = 1 or
+    None. Both write the same buffers (`buffers`: name -> tensor)."""
+
+    def __init__(self, prompt, decode=None):
+        self.prompt, self.decode = prompt, decode
+        self.buffers = prompt._buffers
+        if decode is not None:  # the same buffers for both (export keeps the module's own; made so if not)
+            weights = list(decode._weights)
+            for i, target in enumerate(decode._weight_targets):
+                if target in self.buffers:
+                    weights[i] = self.buffers[target]
+            decode._weights, decode._buffers = tuple(weights), self.buffers
+
+    def __call__(self, *, input_ids, cache_position):
+        if self.decode is not None and input_ids.shape[-1] == 1:
+            return self.decode(input_ids=input_ids, cache_position=cache_position)
+        return self.prompt(input_ids=input_ids, cache_position=cache_position)
 
 
 class _LastPosition(torch.nn.Module):
@@ -99,7 +132,9 @@ def generate(step, input_ids: torch.Tensor, max_new_tokens: int, *, eos_token_id
 
 
 def cache_tensors(step) -> list[torch.Tensor]:
-    """The buffers a compiled step mutates (its cache and counters), in the step's order."""
+    """The buffers a compiled step (a CompiledModel or a StaticCacheStep) mutates (its cache
+    and counters), in the step's order."""
     from torch.export.graph_signature import OutputKind
 
+    step = step.prompt if isinstance(step, StaticCacheStep) else step
     return [step._buffers[target] for kind, target in step._mutations if kind == OutputKind.BUFFER_MUTATION]

@@ -153,7 +153,8 @@ def test_llama_static_cache_step_generates_eager_tokens():
     model = tiny_llama()
     length = 40
     step = ortlite.decode.compile_static_cache_step(model, length)
-    ops = ops_of(step)
+    assert step.decode is None  # (float32: one graph for every length)
+    ops = ops_of(step.prompt)
     assert ops.get("GroupQueryAttention") == 2 and ops.get("SkipSimplifiedLayerNormalization") == 4, ops
     assert "ScatterElements" not in ops and "If" not in ops, ops
     model.generation_config.cache_implementation = "static"
@@ -173,7 +174,7 @@ def test_llama_static_cache_step_generates_eager_tokens():
                 assert_same(step(input_ids=chunk, cache_position=positions), eager_step(input_ids=chunk, cache_position=positions)[:, -1:], rtol=1e-4, atol=1e-5)
                 position += chunk.shape[1]
             buffers = dict(eager_step.named_buffers())
-            for tensor, target in zip(ortlite.decode.cache_tensors(step), [t for _, t in step._mutations]):
+            for tensor, target in zip(ortlite.decode.cache_tensors(step), [t for _, t in step.prompt._mutations]):
                 assert_same(tensor, buffers[target], rtol=1e-5, atol=1e-6)
     pointers = [t.data_ptr() for t in ortlite.decode.cache_tensors(step)]
     ids = torch.randint(3, 256, (1, 4))
@@ -202,7 +203,7 @@ def test_cache_written_in_place_and_saved(tmp_path):
     memory: the values it returns for the mutations are the buffers themselves (no copy of
     the cache per step). A saved step loads with that binding and generates the same."""
     model = tiny_llama()
-    step = ortlite.decode.compile_static_cache_step(model, 32)
+    step = ortlite.decode.compile_static_cache_step(model, 32).prompt
     assert len(step._lowered.inplace) == 4, step._lowered.inplace
     results = ortlite._fast.Runner.__call__(step, *step._weights, torch.randint(3, 256, (1, 4)), torch.arange(4))
     written = [(target, value) for (_, target), value in zip(step._mutations, results) if "_cache_" in target]
@@ -213,3 +214,26 @@ def test_cache_written_in_place_and_saved(tmp_path):
     loaded = ortlite.load(tmp_path / "step.onnx")
     assert loaded._lowered.inplace == step._lowered.inplace
     assert torch.equal(ortlite.decode.generate(loaded, ids, 10), expected)
+
+
+@pytest.mark.parametrize("quantize", [None, "int4"])
+def test_separate_decode_graph(quantize):
+    """One token runs a static graph of its own beside the prompt's (S >= 2): both write the
+    same buffers; float32 generates eager's tokens through both; with int4 the one-token
+    graph takes the 4-bit kernel and the prompt's the 8-bit one (its rows are at least 2),
+    neither choosing per call (no If)."""
+    model = tiny_llama()
+    step = ortlite.decode.compile_static_cache_step(model, 32, separate_decode=True, options={"quantize": quantize})
+    for target, tensor in step.prompt._buffers.items():
+        assert step.decode._buffers[target] is tensor
+    decode_ops, prompt_ops = ops_of(step.decode), ops_of(step.prompt)
+    assert "If" not in decode_ops and "If" not in prompt_ops, (decode_ops, prompt_ops)
+    ids = torch.randint(3, 256, (1, 5))
+    tokens = ortlite.decode.generate(step, ids, 12)
+    if quantize is None:
+        with torch.no_grad():
+            assert torch.equal(tokens, model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[:, 5:])
+    else:
+        # (the prompt's LM head has one row too: its last position's)
+        assert decode_ops.get("MatMulNBits") == 15 and prompt_ops.get("MatMulNBits") == 1, (decode_ops, prompt_ops)
+        assert tokens.shape == (1, 12)

@@ -229,7 +229,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     quantized, derived = [], {}
     if quantize is not None:
         frozen_names = {s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR}
-        quantized, derived = quantize_products(model.graph, quantize, known, frozen_names, g.node_origin)
+        quantized, derived = quantize_products(model.graph, quantize, known, frozen_names, g.node_origin, ranges)
         if quantized:
             add_domain(model)
     return LoweredGraph(

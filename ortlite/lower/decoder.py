@@ -106,26 +106,35 @@ def _evaluate(node, args):
 
 def _positions(g: _Graph, value: str):
     """(S, p) for a value that is arange(S) + p, an int64 vector: S the name of the Range's
-    limit, p the name of a 0-d int64 (through Identities and a rank-keeping Expand); else None."""
+    limit (or the int, where arange(S) is a constant), p the name of a 0-d int64 (through
+    Identities and a rank-keeping Expand); else None."""
     add = g.made_by(value, "Add")
     if add is None or g.shape(value) is None or len(g.shape(value)) != 1 or g.known[value][0] != torch.int64:
         return None
     for ranged, offset in (add.input, add.input[::-1]):
+        size = None
         r = g.made_by(ranged, "Range")
-        if r is None:
-            continue
-        start, delta = g.constant(r.input[0]), g.constant(r.input[2])
-        if start is None or delta is None or start.shape != () or delta.shape != () or int(start) != 0 or int(delta) != 1:
-            continue
-        if not same_shape(g.shape(ranged) or (None,), g.shape(value)):
-            continue
+        if r is not None:
+            start, delta = g.constant(r.input[0]), g.constant(r.input[2])
+            if start is None or delta is None or start.shape != () or delta.shape != () or int(start) != 0 or int(delta) != 1:
+                continue
+            if not same_shape(g.shape(ranged) or (None,), g.shape(value)):
+                continue
+            size = g.root(r.input[1])
+        else:
+            steps = g.constant(ranged)
+            if steps is None or steps.ndim != 1 or steps.dtype != np.int64 or not np.array_equal(steps, np.arange(steps.size)):
+                continue
+            if tuple(g.shape(value)) != (steps.size,):
+                continue
+            size = int(steps.size)
         p = g.root(offset)
         expand = g.made_by(p, "Expand")
         if expand is not None and g.shape(p) == () and g.shape(expand.input[0]) == ():
             p = g.root(expand.input[0])
         if g.shape(p) != () or g.known[p][0] != torch.int64:
             continue
-        return g.root(r.input[1]), p
+        return size, p
     return None
 
 
@@ -154,7 +163,8 @@ def _key(g: _Graph, value: str):
 
 def _same_positions(g: _Graph, a, b) -> bool:
     """Two (S, p) of _positions are the same sizes and offsets."""
-    return a is not None and b is not None and all(_key(g, x) == _key(g, y) for x, y in zip(a, b))
+    key = lambda x: x if isinstance(x, int) else _key(g, x)  # noqa: E731
+    return a is not None and b is not None and all(key(x) == key(y) for x, y in zip(a, b))
 
 
 def _int_list(g: _Graph, value: str):
@@ -187,7 +197,7 @@ def _to_root(g: _Graph, value: str):
     while node is not None and node.domain in ("", "ai.onnx") and node.op_type in ("Identity", "Unsqueeze", "Reshape", "Add"):
         if node.op_type == "Add":
             zero = [i for i, v in enumerate(node.input) if _is_int_zero(g.constant(v))]
-            if not zero:
+            if not zero or _positions(g, value) is not None:  # (arange(1) + p is [0] + p: positions)
                 break
             node = helper.make_node("Identity", [node.input[1 - zero[0]]], list(node.output))
         chain.append(node)
@@ -200,10 +210,19 @@ def _is_int_zero(a) -> bool:
     return a is not None and a.dtype.kind == "i" and a.size == 1 and a.ndim <= 1 and int(a.flat[0]) == 0
 
 
-def _layout(g: _Graph, chain: list, size: str):
-    """(axis, rank) of a vector of `size` elements (the name of a 0-d value) after chain (as
-    _to_root gives it): its elements along `axis`, every other size 1; None where a step's
-    result cannot be told so."""
+def _layout(g: _Graph, chain: list, size, axis_wanted: int, rank_wanted: int) -> bool:
+    """Whether a vector of `size` elements (the name of a 0-d value, or an int) lies along
+    axis_wanted of rank_wanted dims after chain (as _to_root gives it), every other size 1.
+    (One element lies along any axis.)"""
+    found = _vector_axis(g, chain, size)
+    if found is None:
+        return False
+    return found[1] == rank_wanted and (found[0] == axis_wanted or size == 1)
+
+
+def _vector_axis(g: _Graph, chain: list, size):
+    """(axis, rank) of the vector after chain (see _layout); None where a step's result
+    cannot be told so."""
     axis, rank = 0, 1
     for node in reversed(chain):
         if node.op_type == "Unsqueeze":
@@ -218,7 +237,13 @@ def _layout(g: _Graph, chain: list, size: str):
             target = _int_list(g, node.input[1])
             if target is None:
                 return None
-            sized = [i for i, d in enumerate(target) if d == -1 or (isinstance(d, str) and _key(g, d) == _key(g, size))]
+            if size == 1:  # one element: any target of ones (or -1)
+                if any(d not in (1, -1) for d in target):
+                    return None
+                axis, rank = 0, len(target)
+                continue
+            same = (lambda d: d == size) if isinstance(size, int) else (lambda d: isinstance(d, str) and _key(g, d) == _key(g, size))
+            sized = [i for i, d in enumerate(target) if d == -1 or same(d)]
             if len(sized) != 1 or any(d != 1 for i, d in enumerate(target) if i != sized[0]):
                 return None
             axis, rank = sized[0], len(target)
@@ -254,7 +279,7 @@ def _causal_offset_mask(g: _Graph, mask: str):
         return None
     root, chain = _to_root(g, queries)
     found = _positions(g, root)
-    if found is None or _layout(g, chain, found[0]) != (key_values.ndim - 2, key_values.ndim):
+    if found is None or not _layout(g, chain, found[0], key_values.ndim - 2, key_values.ndim):
         return None
     return found, length
 
@@ -287,7 +312,7 @@ def _checked_positions(g: _Graph, indices: str, failures: set, length: int):
     if limit is None or limit.size != 1 or int(limit.flat[0]) != length:
         return None
     found = _positions(g, g.root(where.input[2]))  # (the Where has P's shape: the check's, and a scalar 0)
-    return found if found is not None and _layout(g, chain, found[0]) == (2, 4) else None
+    return found if found is not None and _layout(g, chain, found[0], 2, 4) else None
 
 
 def proven_attention_masks(graph: onnx.GraphProto, known: dict[str, tuple], failures: set) -> int:
@@ -415,6 +440,8 @@ def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], fail
         if not same_shape(known[k_node.input[2]][1], (batch, kv_heads, s, head)) or not same_shape(known[v_node.input[2]][1], (batch, kv_heads, s, head)):
             continue
         size, p = k_pos
+        if isinstance(size, int):
+            size = constant(np.array(size, np.int64))
         nodes = []
         q_rows, made = rows_of(q, heads, head)
         nodes += made
