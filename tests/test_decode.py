@@ -234,6 +234,47 @@ def test_separate_decode_graph(quantize):
         with torch.no_grad():
             assert torch.equal(tokens, model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[:, 5:])
     else:
-        # (the prompt's LM head has one row too: its last position's)
-        assert decode_ops.get("MatMulNBits") == 15 and prompt_ops.get("MatMulNBits") == 1, (decode_ops, prompt_ops)
+        # q, k, v packed into one product, gate and up into one: 4 a layer and the LM head (the
+        # prompt's LM head has one row too: its last position's)
+        assert decode_ops.get("MatMulNBits") == 9 and prompt_ops.get("MatMulNBits") == 1, (decode_ops, prompt_ops)
         assert tokens.shape == (1, 12)
+
+
+class SharedInput(torch.nn.Module):
+    """Five linears of one input (odd widths), one of them read by another product, one whose
+    weight is read elsewhere too: packed by fours, the values as eager's, at changing sizes."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(48, n, bias=False) for n in (16, 24, 40, 8, 31))
+        self.other = torch.nn.Linear(31, 5, bias=False)
+
+    def forward(self, x):
+        outs = [lin(x) for lin in self.linears]
+        return torch.cat(outs[:4], -1).sum(-1, keepdim=True) * self.other(outs[4]) + x @ self.linears[0].weight.t().sum(-1, keepdim=True)
+
+
+def test_packed_products_match_eager(monkeypatch):
+    """Packed products give eager's values, and bit for bit the values of the graph without
+    packing (each column the same dot product)."""
+    import ortlite.lower
+
+    model = SharedInput().eval()
+    x = torch.randn(2, 7, 48)
+    batch, length = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("length", min=1, max=64)
+    with torch.no_grad():
+        compiled = ortlite.compile(model, (x,), dynamic_shapes=({0: batch, 1: length},))
+        with monkeypatch.context() as m:
+            m.setattr(ortlite.lower, "packed_products", lambda graph, known: 0)
+            unpacked = ortlite.compile(model, (x,), dynamic_shapes=({0: batch, 1: length},))
+    assert "Split" not in ops_of(unpacked)
+    ops = ops_of(compiled)
+    # x's five products by constant weights: four packed, one alone; x @ (a weight's sum) and other(...) as they were
+    assert ops.get("Split") == 1 and ops["MatMul"] == 4, ops
+    for shape in ((2, 7, 48), (1, 1, 48), (3, 33, 48)):
+        x = torch.randn(shape)
+        with torch.no_grad():
+            got = compiled(x)
+            assert_same(got, model(x), rtol=1e-5, atol=1e-5)
+            assert torch.equal(got, unpacked(x))

@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from .builder import TORCH_TO_ONNX, onnx_dim
-from .fusions import HEADS_PERM, _new_values, _passes, _perm, _token_rows, live_nodes
+from .fusions import HEADS_PERM, _new_values, _passes, _perm, _reads, _token_rows, live_nodes
 from .ops.common import same_shape
 
 MS_DOMAIN = "com.microsoft"
@@ -589,3 +589,78 @@ def repeated_checks(nodes: list, initializers: list, checks: list) -> list[bool]
         repeated.append(k in seen)
         seen.add(k)
     return repeated
+
+
+PACK_MOST = 4  # products packed into one at most
+
+
+def packed_products(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
+    """Products of one input by constant weights, as a decoder's q, k and v projections (and
+    its MLP's gate and up) read the normed hidden states:
+        MatMul(x, W1), MatMul(x, W2), ...   (each W an initializer (K, Ni), or one's Transpose)
+    become one MatMul(x, [W1 W2 ...]) and a Split of its columns: one kernel call reading x
+    once instead of several, the same dot products (each column is x times that column).
+    Only float32 x and weights, 2-D weights of the same K, at most PACK_MOST together, in
+    the order the graph has them. The packed weight is an initializer of its own (the
+    separate ones go where nothing else reads them): weights that are graph inputs (bound,
+    or frozen at session build) are left. Returns the number of products packed."""
+    initializers = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    outputs = {o.name for o in graph.output}
+    fresh, _ = _new_values(graph, "ortlite_packed")
+
+    def weight(b):
+        """(initializer name, transposed) of a constant 2-D float32 weight, else None."""
+        if b in initializers:
+            t = initializers[b]
+            return (b, False) if len(t.dims) == 2 and t.data_type == TensorProto.FLOAT else None
+        node = producer.get(b)
+        if node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and _perm(node) in ([1, 0], None):
+            found = weight(node.input[0])
+            return (found[0], True) if found is not None and not found[1] else None
+        return None
+
+    groups: dict = {}
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            continue
+        x = node.input[0]
+        if x not in known or known[x][0] != torch.float32 or len(known[x][1]) < 2:
+            continue
+        found = weight(node.input[1])
+        if found is not None:
+            groups.setdefault(x, []).append((node, found))
+    replaced, removed, count = {}, set(), 0
+    for x, members in groups.items():
+        for start in range(0, len(members), PACK_MOST):
+            chunk = members[start : start + PACK_MOST]
+            arrays = []
+            for _, (name, transposed) in chunk:
+                a = numpy_helper.to_array(initializers[name])
+                arrays.append(a.T if transposed else a)
+            if len(chunk) < 2 or len({a.shape[0] for a in arrays}) != 1:
+                continue
+            packed = fresh(chunk[0][0].name + "_packed_weight")
+            graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(np.concatenate(arrays, axis=1)), packed))
+            product = fresh(chunk[0][0].name + "_packed")
+            sizes = fresh(packed + "_sizes")
+            graph.initializer.append(numpy_helper.from_array(np.array([a.shape[1] for a in arrays], np.int64), sizes))
+            nodes = [
+                helper.make_node("MatMul", [x, packed], [product], name=chunk[0][0].name + "_packed"),
+                helper.make_node("Split", [product, sizes], [n.output[0] for n, _ in chunk], name=chunk[0][0].name + "_split", axis=-1),
+            ]
+            x_shape = known[x][1]
+            known[product] = (torch.float32, (*x_shape[:-1], sum(a.shape[1] for a in arrays)))
+            replaced[id(chunk[0][0])] = nodes
+            removed.update(id(n) for n, _ in chunk[1:])
+            count += len(chunk)
+    if not replaced:
+        return 0
+    nodes = [m for n in graph.node if id(n) not in removed for m in replaced.get(id(n), [n])]
+    del graph.node[:]
+    graph.node.extend(live_nodes(nodes, outputs))
+    read = set().union(*(_reads(n) for n in graph.node)) | outputs  # (a branch of an If reads outer values)
+    kept = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return count
