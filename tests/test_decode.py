@@ -33,7 +33,7 @@ class StaticAttention(torch.nn.Module):
     shift 1 reads a slot not written yet), `window` (a sliding window: keys past
     position - window masked)."""
 
-    def __init__(self, heads=4, kv_heads=2, head=16, length=24, positions="arange", shift=0, window=None, batch=1):
+    def __init__(self, heads=4, kv_heads=2, head=16, length=24, positions="arange", shift=0, window=None, batch=1, functional=False):
         super().__init__()
         torch.manual_seed(0)
         hidden = heads * head
@@ -44,6 +44,7 @@ class StaticAttention(torch.nn.Module):
         self.register_buffer("keys", torch.zeros(batch, kv_heads, length, head))
         self.register_buffer("values", torch.zeros(batch, kv_heads, length, head))
         self.positions, self.shift, self.window, self.length = positions, shift, window, length
+        self.functional = functional  # the cache written into new tensors (index_copy), returned: the buffers stay
 
     def forward(self, x, cache_position):
         b, s, _ = x.shape
@@ -51,17 +52,19 @@ class StaticAttention(torch.nn.Module):
         k = self.k(x).view(b, s, self.kv_heads, self.head).transpose(1, 2)
         v = self.v(x).view(b, s, self.kv_heads, self.head).transpose(1, 2)
         positions = torch.arange(s) + cache_position[0] if self.positions == "arange" else cache_position
-        self.keys.index_copy_(2, positions, k)
-        self.values.index_copy_(2, positions, v)
+        if self.functional:
+            keys_now, values_now = self.keys.index_copy(2, positions, k), self.values.index_copy(2, positions, v)
+        else:
+            keys_now, values_now = self.keys.index_copy_(2, positions, k), self.values.index_copy_(2, positions, v)
         keys = torch.arange(self.length)
         allowed = keys[None, :] <= positions[:, None] + self.shift
         if self.window is not None:
             allowed = allowed & (keys[None, :] > positions[:, None] - self.window)
         r = self.heads // self.kv_heads
-        kc = self.keys[:, :, None].expand(b, self.kv_heads, r, self.length, self.head).reshape(b, self.heads, self.length, self.head)
-        vc = self.values[:, :, None].expand(b, self.kv_heads, r, self.length, self.head).reshape(b, self.heads, self.length, self.head)
-        out = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=allowed)
-        return out.transpose(1, 2).reshape(b, s, -1)
+        kc = keys_now[:, :, None].expand(b, self.kv_heads, r, self.length, self.head).reshape(b, self.heads, self.length, self.head)
+        vc = values_now[:, :, None].expand(b, self.kv_heads, r, self.length, self.head).reshape(b, self.heads, self.length, self.head)
+        out = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=allowed).transpose(1, 2).reshape(b, s, -1)
+        return (out, keys_now * 1, values_now * 1) if self.functional else out
 
 
 def compile_step(module, batch=1, example=3):
@@ -88,6 +91,9 @@ def run_loop(module, compiled, batch=1, calls=((0, 5), (5, 1), (6, 1), (7, 3), (
             expected = module(x, positions)
             eager_buffers = {n: b.clone() for n, b in module.named_buffers()}
         assert_same(got, expected, rtol=1e-5, atol=1e-5)
+        for name, b in module.named_buffers():  # (a functional step leaves its buffers as they were)
+            if not compiled._mutations:
+                assert torch.equal(compiled._buffers[name], eager_buffers[name])
         for tensor, target in zip(ortlite.decode.cache_tensors(compiled), [t for _, t in compiled._mutations]):
             assert_same(tensor, eager_buffers[target], rtol=1e-6, atol=1e-6)
 
@@ -102,6 +108,7 @@ def run_loop(module, compiled, batch=1, calls=((0, 5), (5, 1), (6, 1), (7, 3), (
         (dict(window=3), False),  # a sliding window
         (dict(head=12), False),  # GroupQueryAttention takes head sizes of multiples of 8
         (dict(batch=2), False),  # its kernel takes S > 1 with a past for one sequence alone
+        (dict(functional=True), True),  # new tensors, returned: fused, but not written into the buffers
     ],
 )
 def test_static_cache_attention_only_where_proven(variant, fused):
@@ -112,8 +119,14 @@ def test_static_cache_attention_only_where_proven(variant, fused):
     assert ops.get("GroupQueryAttention", 0) == (1 if fused else 0), ops
     if fused:
         assert "ScatterElements" not in ops and "If" not in ops and "Attention" not in ops, ops
+    # in place: GroupQueryAttention's present key and value, or the ScatterElements left, where
+    # they are the buffers' new values (not the new tensors a functional index_copy returns)
+    assert len(compiled._lowered.inplace) == (0 if variant.get("functional") else 2), compiled._lowered.inplace
     calls = ((0, 5), (5, 1), (6, 3), (9, 1), (3, 2), (5, 1)) if variant.get("positions") != "given" else ((0, 5), (5, 1), (6, 2))
+    buffers = [b.clone() for b in module.buffers()]
     run_loop(module, compiled, batch, calls)
+    if variant.get("functional"):
+        assert all(torch.equal(a, b) for a, b in zip(buffers, module.buffers()))
 
 
 @pytest.mark.parametrize("start, length", [(22, 3), (24, 1), (-1, 2)])
@@ -278,3 +291,37 @@ def test_packed_products_match_eager(monkeypatch):
             got = compiled(x)
             assert_same(got, model(x), rtol=1e-5, atol=1e-5)
             assert torch.equal(got, unpacked(x))
+
+
+class WriteRows(torch.nn.Module):
+    """A cache the caller owns, written at rows start.. (a user input the program mutates)."""
+
+    def forward(self, cache, x, start):
+        cache.index_copy_(0, torch.arange(x.shape[0]) + start[0], x)
+        return cache.sum(0)
+
+
+write_rows = WriteRows()
+
+
+def test_user_cache_written_in_place():
+    """A user input the program mutates is written in place (ScatterElements into its memory):
+    the caller's tensor holds eager's values after each call; a non-contiguous one (a view)
+    gets a copy of its own bound as both, copied back as before."""
+    cache, x = torch.zeros(10, 6), torch.randn(3, 6)
+    compiled = ortlite.compile(write_rows, (cache.clone(), x, torch.tensor([2])))
+    assert len(compiled._lowered.inplace) == 1, compiled._lowered.inplace
+    eager = cache.clone()
+    for start in (0, 4, 7, 1):
+        x = torch.randn(3, 6)
+        expected = write_rows(eager, x, torch.tensor([start]))
+        pointer = cache.data_ptr()
+        assert_same(compiled(cache, x, torch.tensor([start])), expected, rtol=1e-6, atol=1e-6)
+        assert torch.equal(cache, eager) and cache.data_ptr() == pointer
+    base = torch.zeros(6, 10)
+    view, eager = base.t(), torch.zeros(10, 6)
+    for start in (0, 5):
+        x = torch.randn(3, 6)
+        expected = write_rows(eager, x, torch.tensor([start]))
+        assert_same(compiled(view, x, torch.tensor([start])), expected, rtol=1e-6, atol=1e-6)
+        assert torch.equal(view, eager)

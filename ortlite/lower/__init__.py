@@ -13,7 +13,9 @@ import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
-from .decoder import packed_products, proven_attention_masks, repeated_checks, skip_simplified_norms, static_cache_attention
+from .decoder import (
+    packed_products, proven_attention_masks, repeated_checks, scatters_in_place, skip_simplified_norms, static_cache_attention,
+)
 from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
 from .quantize import add_domain, quantize_products
@@ -118,6 +120,7 @@ def lower_graph(
     hoist_sizes: bool = False,
     frozen: frozenset = frozenset(),
     quantize: str | None = None,
+    mutated: dict | None = None,
 ) -> LoweredGraph:
     """constants: placeholder name -> tensor, for placeholders that become initializers
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
@@ -127,10 +130,10 @@ def lower_graph(
     the runner of runner.build_runner runs it). frozen: indices of the arguments that are
     frozen weights (ortlite.frozen). quantize: Options.quantize (see lower.quantize)."""
     with declared_ranges(symbol_ranges):
-        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize)
+        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize, mutated or {})
 
 
-def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize) -> LoweredGraph:
+def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize, mutated) -> LoweredGraph:
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
@@ -211,7 +214,9 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     proven_attention_masks(model.graph, known, raising)
     attention_fusions(model.graph, known, g.values_now)
     inplace: list = []
-    decoder_ops = static_cache_attention(model.graph, known, raising, inplace) + skip_simplified_norms(model.graph, known)
+    mutations = _mutation_pairs(mutated, outputs, ort_outputs, placeholders, env, inputs)
+    decoder_ops = static_cache_attention(model.graph, known, raising, inplace, mutations) + skip_simplified_norms(model.graph, known)
+    scatters_in_place(model.graph, inplace, mutations)
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     shield_range_gathers(model.graph)
@@ -237,6 +242,26 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key, prelude,
         quantized=quantized, derived_weights=derived, inplace=inplace,
     )
+
+
+def _mutation_pairs(mutated: dict, outputs: list, ort_outputs: list, placeholders: list, env: dict, inputs: list) -> dict:
+    """ONNX output name -> ONNX input name, for outputs that are the new values of inputs the
+    graph mutates (mutated: FX output position -> the placeholder's name), each output read
+    by that FX output alone: those an output may be written into in place."""
+    by_name = {n.name: n for n in placeholders}
+    tensor_inputs = {spec.name for spec in inputs if spec.kind == TENSOR}
+    uses: dict[int, int] = {}
+    for o in outputs:
+        if o.source == "ort":
+            uses[o.index] = uses.get(o.index, 0) + 1
+    pairs = {}
+    for position, name in mutated.items():
+        o = outputs[position] if 0 <= position < len(outputs) else None
+        node = by_name.get(name)
+        value = env.get(node) if node is not None else None
+        if o is not None and o.source == "ort" and uses[o.index] == 1 and isinstance(value, Value) and str(value) in tensor_inputs:
+            pairs[ort_outputs[o.index].name] = str(value)
+    return pairs
 
 
 def _sizes_vary(inputs: list[InputSpec], ort_outputs: list[InputSpec]) -> bool:

@@ -326,7 +326,7 @@ def proven_attention_masks(graph: onnx.GraphProto, known: dict[str, tuple], fail
     g = _Graph(graph, known)
     checked = set()
     for node in graph.node:
-        if node.op_type == "ScatterElements" and node.domain in ("", "ai.onnx") and node.input[0] in g.inputs:
+        if node.op_type == "ScatterElements" and node.domain in ("", "ai.onnx") and (node.input[0] in g.inputs or node.input[0] in g.initializers):
             shape = g.shape(node.input[0])
             if shape and len(shape) == 4 and isinstance(shape[2], int):
                 found = _checked_positions(g, node.input[1], failures, shape[2])
@@ -360,17 +360,20 @@ def proven_attention_masks(graph: onnx.GraphProto, known: dict[str, tuple], fail
     return count
 
 
-def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], failures: set, inplace: list | None = None) -> int:
+def static_cache_attention(
+    graph: onnx.GraphProto, known: dict[str, tuple], failures: set, inplace: list | None = None, mutations: dict | None = None
+) -> int:
     """Attention over a static KV cache as transformers' StaticCache spells it, lowered:
-        Kc = ScatterElements(K, positions, k_new, axis=2)   (K a graph input (1, Hkv, L, D), Kc a graph output: the
-        Vc = ScatterElements(V, positions, v_new, axis=2)    buffers' new values; positions arange(S) + p, checked)
+        Kc = ScatterElements(K, positions, k_new, axis=2)   (K a graph input (1, Hkv, L, D); positions
+        Vc = ScatterElements(V, positions, v_new, axis=2)    arange(S) + p, checked)
         Attention(q, Kc, Vc, causal mask from arange(S) + p)   (see _causal_offset_mask)
     becomes ONNX Runtime's GroupQueryAttention(q, k_new, v_new, K, V, seqlens_k = p + S - 1,
     total_sequence_length = p + S) on token rows: it writes k_new and v_new at rows p..p+S-1
     of its present key and value (rows below p from K and V) and attends each query i to keys
     0..p+i, the same keys the mask leaves, with the same arithmetic per row (the mask's other
-    keys weigh exp(-inf) = 0). inplace (a list): where nothing else reads K and V, the
-    present key and value are Kc and Vc, written into K's and V's memory (the kernel's
+    keys weigh exp(-inf) = 0). inplace (a list): where Kc and Vc are the new values of K and
+    V (mutations: output -> the input it is the new value of) and nothing else reads K and
+    V, the present key and value are Kc and Vc, written into K's and V's memory (the kernel's
     shared past/present buffer: it writes rows p..p+S-1 alone, and the others stay K's and
     V's, as eager leaves them); the pairs (Kc, K), (Vc, V) are appended, for the runner to
     bind so (LoweredGraph.inplace). Else (inplace None) the present rows from p + S on are not
@@ -386,14 +389,11 @@ def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], fail
 
     def scatter(value):
         node = g.made_by(value, "ScatterElements")
-        if node is None or node.input[0] not in g.inputs or value not in g.outputs:
+        if node is None or (node.input[0] not in g.inputs and node.input[0] not in g.initializers):
             return None
         if any(a.name == "axis" and a.i not in (2, -2) for a in node.attribute) or any(a.name == "reduction" and a.s not in (b"none", "none") for a in node.attribute):
             return None
         if not any(a.name == "axis" for a in node.attribute):
-            return None
-        readers = g.readers.get(value, [])
-        if len(readers) != 1:
             return None
         shape, new = g.shape(node.input[0]), g.shape(node.input[2])
         if not shape or len(shape) != 4 or not all(isinstance(d, int) for d in shape) or not new or len(new) != 4:
@@ -463,7 +463,9 @@ def static_cache_attention(graph: onnx.GraphProto, known: dict[str, tuple], fail
         total = op("Add", start, size)
         total32 = op("Cast", total, to=TensorProto.INT32)
         seqlens = op("Cast", op("Reshape", op("Sub", total, constant(np.array(1, np.int64))), constant([1])), to=TensorProto.INT32)
-        shared = inplace is not None and all(g.readers.get(n.input[0]) == [n] for n in (k_node, v_node))
+        shared = inplace is not None and all(
+            g.readers.get(n.input[0]) == [n] and (mutations or {}).get(n.output[0]) == n.input[0] for n in (k_node, v_node)
+        )
         out_rows = fresh(node.output[0] + "_rows")
         if shared:
             present_k, present_v = k_node.output[0], v_node.output[0]
@@ -663,4 +665,30 @@ def packed_products(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
     kept = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept)
+    return count
+
+
+def scatters_in_place(graph: onnx.GraphProto, inplace: list, mutations: dict) -> int:
+    """ScatterElements writing rows of an input the graph mutates (a static cache's
+    index_copy_ that static_cache_attention left, as under torch.compile, where the mask is
+    an argument): its output, that input's new value, is written into the input's memory
+    (ONNX Runtime's CPU kernel copies data to its output only where they differ: in place,
+    it writes the updates alone). Only where nothing else reads the input (it would see the
+    new rows) and the output is that input's mutation (mutations: output -> input). Appends
+    the pairs to inplace (LoweredGraph.inplace); returns their count."""
+    readers: dict[str, list] = {}
+    for n in graph.node:
+        for i in _reads(n):
+            readers.setdefault(i, []).append(n)
+    taken = {o for o, _ in inplace}
+    count = 0
+    for node in graph.node:
+        if node.op_type != "ScatterElements" or node.domain not in ("", "ai.onnx") or node.output[0] in taken:
+            continue
+        if any(a.name == "reduction" and a.s not in (b"none", "none") for a in node.attribute):
+            continue
+        data, out = node.input[0], node.output[0]
+        if mutations.get(out) == data and readers.get(data) == [node]:
+            inplace.append((out, data))
+            count += 1
     return count
