@@ -325,3 +325,23 @@ def test_user_cache_written_in_place():
         expected = write_rows(eager, x, torch.tensor([start]))
         assert_same(compiled(view, x, torch.tensor([start])), expected, rtol=1e-6, atol=1e-6)
         assert torch.equal(view, eager)
+
+
+def test_generate_static_cache_under_torch_compile(monkeypatch):
+    """HF generate with a static cache and forward compiled by ortlite: eager's tokens, run
+    after run, and the one-token graph writes the cache buffers (arguments it mutates) in
+    place (aot_autograd's metadata names them)."""
+    import ortlite.runner
+
+    pairs = []
+    real = ortlite.runner.inplace_pairs
+    monkeypatch.setattr(ortlite.runner, "inplace_pairs", lambda lowered, frozen=frozenset(): pairs.append(real(lowered, frozen)) or pairs[-1])
+    model = tiny_llama()
+    ids = torch.randint(3, 256, (1, 6))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, backend=ortlite.Backend(ortlite.Options(fallback="error")))
+        for _ in range(2):
+            assert torch.equal(model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, cache_implementation="static"), expected)
+    assert any(len(p) == 4 for p in pairs), pairs  # the key and value caches of both layers
