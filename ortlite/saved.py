@@ -372,7 +372,7 @@ def _decode(model: onnx.ModelProto, m: dict):
 
 def _inplace(entries, inputs, ort_outputs) -> list:
     """LoweredGraph.inplace from the file: pairs of an ONNX output and a tensor argument of the
-    same static shape, dtype and device, each output once (absent in older files)."""
+    same shape, dtype and device, each output once (absent in older files)."""
     by_name = {spec.name: spec for spec in inputs if spec.kind == "tensor"}
     outputs = {spec.name: spec for spec in ort_outputs}
     pairs, seen = [], set()
@@ -381,7 +381,7 @@ def _inplace(entries, inputs, ort_outputs) -> list:
     for entry in entries:
         ok = isinstance(entry, list) and len(entry) == 2 and all(isinstance(n, str) for n in entry)
         o, a = (outputs.get(entry[0]), by_name.get(entry[1])) if ok else (None, None)
-        if o is None or a is None or entry[0] in seen or not all(type(d) is int for d in o.shape) or (o.dtype, tuple(o.shape), o.device) != (a.dtype, tuple(a.shape), a.device):
+        if o is None or a is None or entry[0] in seen or (o.dtype, tuple(o.shape), o.device) != (a.dtype, tuple(a.shape), a.device):
             raise _Invalid(f"malformed ortlite metadata: output written in place {str(entry)[:80]!r}")
         seen.add(entry[0])
         pairs.append((entry[0], entry[1]))

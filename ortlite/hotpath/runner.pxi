@@ -97,12 +97,17 @@ cdef class _Outputs:
                 a = _materialized(a)
                 ptr = _address(a, 0, self.scratch_ptr)
                 inputs._bind_input(b, j, a.shape, ptr)
+            shape = self.shapes[i]
+            if shape is None:  # symbolic: the argument's (the output has its shape)
+                shape = a.shape
+                b.bound_out_ptrs[i] = 0  # (its shape may change with the same memory: bound anew)
             if ptr != b.bound_out_ptrs[i]:
                 if b.iob is None:
-                    b.set_output(i, ptr, self.shapes[i], self.elem_types[i], self.itemsizes[i])
+                    b.set_output(i, ptr, shape, self.elem_types[i], self.itemsizes[i])
                 else:
-                    b.iob.bind_output(self.names[i], self.ort_devices[i], self.elem_types[i], self.shapes[i], ptr)
-                b.bound_out_ptrs[i] = ptr
+                    b.iob.bind_output(self.names[i], self.ort_devices[i], self.elem_types[i], shape, ptr)
+                if self.shapes[i] is not None:
+                    b.bound_out_ptrs[i] = ptr
             outs[i] = a
 
     cdef take_ort_allocated(self, _Binding b, list outs):
