@@ -101,7 +101,10 @@ def aot_candidate(step, new_tokens):
 
 
 def aot_step(model, max_cache_len: int, prompt_len: int, options=None):
-    """ortlite.compile of transformers' exportable static-cache step."""
+    """ortlite.compile of transformers' exportable static-cache step (of the eager forward:
+    the HF candidates set model.forward to theirs)."""
+    if "forward" in vars(model):
+        del model.forward
     return ortlite.decode.compile_static_cache_step(model, max_cache_len, example_length=prompt_len, options=options)
 
 

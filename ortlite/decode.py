@@ -48,7 +48,7 @@ def compile_static_cache_step(
     finally:
         config.cache_implementation = kept
     if last_logits_only:
-        if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        if "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
             raise ValueError(f"last_logits_only: {type(model).__name__}.forward takes no logits_to_keep")
         wrapper.model = _LastPosition(model)
     from .aot import compile as aot_compile

@@ -156,20 +156,23 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def test_llama_static_cache_step_generates_eager_tokens():
-    """transformers' exportable static-cache step: GroupQueryAttention in every layer, the
-    tokens of eager generate (dynamic cache) for prompts of several lengths in turn, the
-    caches eager's own wrapper leaves (bit for bit where both wrote; stale rows kept), and
-    over a few hundred steps the same cache memory and no memory growth."""
+@pytest.mark.parametrize("rope", [None, {"rope_type": "linear", "factor": 2.0}])
+def test_llama_static_cache_step_generates_eager_tokens(rope):
+    """transformers' exportable static-cache step: GroupQueryAttention in every layer, rotary
+    inside it (tables of the cache's positions, also for a scaled rope), the tokens of eager
+    generate (dynamic cache) for prompts of several lengths in turn, the caches eager's own
+    wrapper leaves (where both wrote; stale rows kept), and over a few hundred steps the same
+    cache memory and no memory growth."""
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
-    model = tiny_llama()
+    model = tiny_llama(**({"rope_scaling": rope} if rope else {}))
     length = 40
     step = ortlite.decode.compile_static_cache_step(model, length)
     assert step.decode is None  # (float32: one graph for every length)
     ops = ops_of(step.prompt)
     assert ops.get("GroupQueryAttention") == 2 and ops.get("SkipSimplifiedLayerNormalization") == 4, ops
-    assert "ScatterElements" not in ops and "If" not in ops, ops
+    assert "ScatterElements" not in ops and "If" not in ops and "RotaryEmbedding" not in ops, ops
+    assert all(any(a.name == "do_rotary" and a.i == 1 for a in n.attribute) for n in step.prompt.onnx_model.graph.node if n.op_type == "GroupQueryAttention")
     model.generation_config.cache_implementation = "static"
     eager_step = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=length)
     model.generation_config.cache_implementation = None

@@ -14,7 +14,8 @@ import torch.fx
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
 from .decoder import (
-    packed_products, proven_attention_masks, repeated_checks, scatters_in_place, skip_simplified_norms, static_cache_attention,
+    packed_products, proven_attention_masks, repeated_checks, rotary_inside_attention, scatters_in_place, skip_simplified_norms,
+    static_cache_attention,
 )
 from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
@@ -220,7 +221,8 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     shield_range_gathers(model.graph)
-    packed_products(model.graph, known)
+    if packed_products(model.graph, known) and decoder_ops:
+        rotary_inside_attention(model.graph, known, model.opset_import)
     prelude = None
     if hoisting:
         weights = [s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR and s.device.type == "cpu" and s.dtype in PRELUDE_WEIGHT_DTYPES]

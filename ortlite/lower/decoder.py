@@ -163,7 +163,14 @@ def _key(g: _Graph, value: str):
 
 def _same_positions(g: _Graph, a, b) -> bool:
     """Two (S, p) of _positions are the same sizes and offsets."""
-    key = lambda x: x if isinstance(x, int) else _key(g, x)  # noqa: E731
+    def key(x):
+        if isinstance(x, str):
+            c = g.constant(x)
+            if c is None or c.ndim != 0 or c.dtype.kind != "i":
+                return _key(g, x)
+            x = int(c)
+        return x
+
     return a is not None and b is not None and all(key(x) == key(y) for x, y in zip(a, b))
 
 
@@ -692,3 +699,194 @@ def scatters_in_place(graph: onnx.GraphProto, inplace: list, mutations: dict) ->
             inplace.append((out, data))
             count += 1
     return count
+
+
+_POSITIONWISE = ("Identity", "Cast", "Cos", "Sin")
+
+
+def _position_slice(g: _Graph, value: str, positions: str):
+    """The nodes computing value from the vector `positions` position by position (each
+    element of value depends on one position alone: Unsqueezes, Casts, Cos/Sin, arithmetic
+    with constants that broadcast along the positions' axis, Concat along another axis),
+    in graph order, and value's (axis of the positions, rank); None where it is not so."""
+    nodes, seen, stack = [], set(), [value]
+    while stack:  # the nodes between positions and value
+        v = stack.pop()
+        if v == positions or v in seen or g.constant(v) is not None:
+            continue
+        seen.add(v)
+        node = g.producer.get(v)
+        if node is None or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            return None
+        nodes.append(node)
+        stack.extend(i for i in node.input if i)
+    order = {id(n): i for i, n in enumerate(g.graph.node)}
+    nodes.sort(key=lambda n: order[id(n)])
+    layout = {positions: (0, 1)}
+    for node in nodes:
+        ins = [layout.get(i) for i in node.input]
+        placed = [x for x in ins if x is not None]
+        if not placed:
+            return None
+        axis, rank = placed[0]
+        op = node.op_type
+        if op in _POSITIONWISE or op == "Unsqueeze" and ins[0] is not None:
+            if op == "Unsqueeze":
+                axes = g.constant(node.input[1]) if len(node.input) > 1 else None
+                if axes is None:
+                    return None
+                rank += axes.size
+                for a in sorted(int(a) % rank for a in axes.reshape(-1)):
+                    if a <= axis:
+                        axis += 1
+        elif op in ("Mul", "Add", "Sub", "Div") and len(placed) == 1:
+            c = g.constant(node.input[1] if ins[0] is not None else node.input[0])
+            out_rank = max(rank, c.ndim)
+            axis += out_rank - rank
+            lead = out_rank - c.ndim  # c's dims align with the last ones
+            if axis >= lead and c.shape[axis - lead] != 1:
+                return None
+            rank = out_rank
+        elif op == "Concat" and len(placed) == len(ins) and all(x == placed[0] for x in placed):
+            a = next(x.i for x in node.attribute if x.name == "axis")
+            if a % rank == axis:
+                return None
+        else:
+            return None
+        layout[node.output[0]] = (axis, rank)
+    return (nodes, layout[value]) if value in layout else None
+
+
+def _position_table(g: _Graph, value: str, positions: str, length: int):
+    """value (.., S, .., D) for positions 0..length-1, computed by ONNX Runtime as the graph
+    would, as a (length, D) float32 array; None where value is not computed position by
+    position from positions (see _position_slice) or is not of that form."""
+    import onnxruntime
+
+    found = _position_slice(g, value, positions)
+    if found is None:
+        return None
+    nodes, (axis, rank) = found
+    if axis != rank - 2:
+        return None
+    constants = {i for n in nodes for i in n.input if i and i != positions and i not in {m.output[0] for m in nodes}}
+    initializers = [numpy_helper.from_array(np.asarray(g.constant(c)), c) for c in constants]
+    graph = helper.make_graph(
+        [helper.make_node(n.op_type, list(n.input), list(n.output), domain=n.domain, **{a.name: helper.get_attribute_value(a) for a in n.attribute}) for n in nodes],
+        "ortlite_positions", [helper.make_tensor_value_info(positions, TensorProto.INT64, [length])],
+        [helper.make_tensor_value_info(value, TensorProto.FLOAT, None)], initializers,
+    )  # fmt: skip
+    opset = next((o.version for o in g.opset if o.domain in ("", "ai.onnx")), 18)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 4
+    try:
+        session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        (table,) = session.run(None, {positions: np.arange(length, dtype=np.int64)})
+    except Exception:  # (a form the checks above let through that ONNX Runtime refuses: not rewritten)
+        return None
+    if table.dtype != np.float32 or table.ndim != rank or any(d != 1 for d in table.shape[:-2]) or table.shape[-2] != length:
+        return None
+    return table.reshape(length, table.shape[-1])
+
+
+def rotary_inside_attention(graph: onnx.GraphProto, known: dict[str, tuple], opset) -> int:
+    """GroupQueryAttention (static_cache_attention's) on q, k and v that one packed product
+    makes (packed_products: MatMul -> Split into q, k, v), q and k through RotaryEmbedding
+    (fusions.rotary_before_attention: non-interleaved, on token rows) with caches cut from
+    cos and sin computed position by position from the attention's positions arange(S) + p:
+    the kernel takes the packed rows and rotates q and k itself (do_rotary) at positions
+    p..p+S-1, from cos and sin tables of the L cache positions, computed now by ONNX
+    Runtime from the graph's own nodes (the values the graph gives at those positions).
+    Three nodes fewer per attention. Returns the count."""
+    g = _Graph(graph, known)
+    g.opset = opset
+    fresh, constant = _new_values(graph, "ortlite_rotary_table")
+    tables: dict = {}
+    count = 0
+    for node in graph.node:
+        if node.op_type != "GroupQueryAttention" or node.domain != MS_DOMAIN or len(node.input) != 7:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("do_rotary", 0):
+            continue
+        heads, kv_heads = attrs["num_heads"], attrs["kv_num_heads"]
+        q_rot, k_rot, v = (g.producer.get(x) for x in node.input[:3])
+        split = g.producer.get(node.input[2])
+        if q_rot is None or k_rot is None or split is None or any(n.op_type != "RotaryEmbedding" for n in (q_rot, k_rot)):
+            continue
+        if split.op_type != "Split" or list(split.output) != [q_rot.input[0], k_rot.input[0], node.input[2]]:
+            continue
+        if any(len(n.input) != 3 or {a.name: helper.get_attribute_value(a) for a in n.attribute}.get("interleaved", 0) for n in (q_rot, k_rot)):
+            continue
+        if any({a.name: helper.get_attribute_value(a) for a in n.attribute}.get("rotary_embedding_dim", 0) for n in (q_rot, k_rot)):
+            continue
+        cache = g.shape(node.input[3])
+        if cache is None or q_rot.input[1:] != k_rot.input[1:]:
+            continue
+        length, head = cache[2], cache[3]
+        sizes = g.constant(split.input[1]) if len(split.input) > 1 else None
+        if sizes is None or sizes.tolist() != [heads * head, kv_heads * head, kv_heads * head]:
+            continue
+        halves = []
+        for half in q_rot.input[1:]:  # Slice(cos or sin, 0, D/2, last axis): the first half
+            cut = g.made_by(half, "Slice")
+            bounds = [g.constant(i) for i in cut.input[1:4]] if cut is not None and len(cut.input) == 4 else [None]
+            if any(b is None for b in bounds) or [b.tolist() for b in bounds] != [[0], [head // 2], [-1]]:
+                break
+            halves.append(cut.input[0])
+        if len(halves) != 2:
+            continue
+        positions = _attention_positions(g, node, halves[0])
+        if positions is None or _attention_positions(g, node, halves[1]) != positions:
+            continue
+        made = []
+        for x in halves:
+            key = (x, positions, length)
+            if key not in tables:
+                table = _position_table(g, x, positions, length)
+                tables[key] = None if table is None or table.shape[1] != head else constant(np.ascontiguousarray(table[:, : head // 2]))
+            made.append(tables[key])
+        if None in made:
+            continue
+        node.input[0], node.input[1], node.input[2] = split.input[0], "", ""
+        node.input.extend(made)
+        node.attribute.append(helper.make_attribute("do_rotary", 1))
+        count += 1
+    if count:
+        nodes = live_nodes(list(graph.node), g.outputs)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return count
+
+
+def _attention_positions(g: _Graph, node, cos: str):
+    """The positions vector cos is computed from (the one leaf of its position slice that is
+    arange(S) + p), where that is the S and p GroupQueryAttention node (static_cache_attention's)
+    writes and attends at: read back from its total_sequence_length, Cast(Add(clamped p, S)),
+    the clamp Where(Greater(...), L - S, Where(Less(p, 0), 0, p)). Else None."""
+    cast = g.producer.get(node.input[6])
+    total = cast and g.made_by(cast.input[0], "Add")
+    upper = total and g.made_by(total.input[0], "Where")
+    lower = upper and g.made_by(upper.input[2], "Where")
+    if lower is None:
+        return None
+    attended = (total.input[1], lower.input[2])
+    leaves, seen, stack = set(), set(), [cos]
+    while stack:
+        v = stack.pop()
+        if v in seen or g.constant(v) is not None:
+            continue
+        seen.add(v)
+        if _positions(g, v) is not None:
+            leaves.add(v)
+            continue
+        n = g.producer.get(v)
+        if n is None:
+            return None
+        stack.extend(i for i in n.input if i)
+    if len(leaves) != 1:
+        return None
+    (leaf,) = leaves
+    return leaf if _same_positions(g, _positions(g, leaf), attended) else None
