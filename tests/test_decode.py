@@ -348,3 +348,52 @@ def test_generate_static_cache_under_torch_compile(monkeypatch):
         for _ in range(2):
             assert torch.equal(model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, cache_implementation="static"), expected)
     assert any(len(p) == 4 for p in pairs), pairs  # the key and value caches of both layers
+
+
+class MaskedCacheAttention(StaticAttention):
+    """StaticAttention with the mask an argument (as HF generate passes a static cache's)."""
+
+    def forward(self, x, cache_position, allowed):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head).transpose(1, 2)
+        k = self.k(x).view(b, s, self.kv_heads, self.head).transpose(1, 2)
+        v = self.v(x).view(b, s, self.kv_heads, self.head).transpose(1, 2)
+        positions = torch.arange(s) + cache_position[0]
+        self.keys.index_copy_(2, positions, k)
+        self.values.index_copy_(2, positions, v)
+        r = self.heads // self.kv_heads
+        kc = self.keys[:, :, None].expand(b, self.kv_heads, r, self.length, self.head).reshape(b, self.heads, self.length, self.head)
+        vc = self.values[:, :, None].expand(b, self.kv_heads, r, self.length, self.head).reshape(b, self.heads, self.length, self.head)
+        out = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=allowed)
+        return out.transpose(1, 2).reshape(b, s, -1)
+
+
+def test_mask_argument_checked_per_call(tmp_path):
+    """A static cache's causal mask passed as an argument: GroupQueryAttention with a check per
+    call that the mask is the causal mask of the cache positions; a call with another mask
+    (a padding mask) fails that check and the attention runs in torch, eager's result."""
+    module = MaskedCacheAttention().eval()
+    eager_module = MaskedCacheAttention().eval()
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(dump_dir=str(tmp_path)))
+    compiled = torch.compile(module, backend=backend)
+
+    def causal(start, length):
+        return (torch.arange(24)[None, :] <= torch.arange(start, start + length)[:, None])[None, None]
+
+    with torch.no_grad():
+        for start, length, padded in ((0, 5, False), (5, 1, False), (6, 1, False), (7, 1, True), (8, 1, False)):
+            x = torch.randn(1, length, 64)
+            mask = causal(start, length)
+            if padded:
+                mask = mask.clone()
+                mask[..., 1] = False
+            positions = torch.arange(start, start + length)
+            assert_same(compiled(x, positions, mask), eager_module(x, positions, mask), rtol=1e-5, atol=1e-5)
+            assert_same(module.keys, eager_module.keys, rtol=1e-6, atol=1e-6)
+            sdpa = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+            assert (sdpa in backend.stats.fallback_ops) == (padded or start > 7), backend.stats.fallback_ops
+    import onnx
+
+    ops = {n.op_type for p in tmp_path.glob("*.onnx") for n in onnx.load(p).graph.node}
+    assert "GroupQueryAttention" in ops, ops

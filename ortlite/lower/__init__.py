@@ -212,11 +212,18 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
     raising = {ort_outputs[i].name for i, _, to_torch in failures if not to_torch}  # outputs that make the call raise
-    proven_attention_masks(model.graph, known, raising)
+    runtime_checks, checked_masks = [], {}
+    proven_attention_masks(model.graph, known, raising, runtime_checks, checked_masks)
+    for condition, reason, onnx_node in runtime_checks:  # (fail the run where true: that node runs in torch)
+        check = g.fresh(f"{g.node_origin.get(onnx_node, onnx_node)}__FallbackCheck")
+        g.node_origin[check] = g.node_origin.get(onnx_node, "")
+        failures.append((len(ort_outputs), f"while running FallbackCheck node. Name:'{check}' Status Message: {reason}", True))
+        model.graph.output.append(onnx.helper.make_tensor_value_info(condition, onnx.TensorProto.BOOL, []))
+        ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
     attention_fusions(model.graph, known, g.values_now)
     inplace: list = []
     mutations = _mutation_pairs(mutated, outputs, ort_outputs, placeholders, env, inputs)
-    decoder_ops = static_cache_attention(model.graph, known, raising, inplace, mutations) + skip_simplified_norms(model.graph, known)
+    decoder_ops = static_cache_attention(model.graph, known, raising, inplace, mutations, checked_masks) + skip_simplified_norms(model.graph, known)
     scatters_in_place(model.graph, inplace, mutations)
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)

@@ -291,7 +291,7 @@ def _causal_offset_mask(g: _Graph, mask: str):
     return found, length
 
 
-def _checked_positions(g: _Graph, indices: str, failures: set, length: int):
+def _checked_positions(g: _Graph, indices: str, failures: set, length: int, value: bool = False):
     """(S, p) where indices (B, H, S, D) int64 hold position arange(S) + p along axis 2 for
     every b, h, d, as ortlite's checked index lowers index_copy's (Where(outside, 0, P), with
     `outside` read by a failure output: the call raises when a position is outside
@@ -319,29 +319,40 @@ def _checked_positions(g: _Graph, indices: str, failures: set, length: int):
     if limit is None or limit.size != 1 or int(limit.flat[0]) != length:
         return None
     found = _positions(g, g.root(where.input[2]))  # (the Where has P's shape: the check's, and a scalar 0)
-    return found if found is not None and _layout(g, chain, found[0], 2, 4) else None
+    found = found if found is not None and _layout(g, chain, found[0], 2, 4) else None
+    return (found, g.root(where.input[2])) if value and found else found
 
 
-def proven_attention_masks(graph: onnx.GraphProto, known: dict[str, tuple], failures: set) -> int:
+def proven_attention_masks(
+    graph: onnx.GraphProto, known: dict[str, tuple], failures: set, runtime_checks: list | None = None, checked_masks: dict | None = None
+) -> int:
     """ortlite lowers attention under a mask it cannot see into as If(a row is fully masked,
     the written-out ops, ONNX Attention). Where the mask is a static cache's causal mask from
     positions arange(S) + p (see _causal_offset_mask) and the same positions are checked
     where the cache is written (ScatterElements whose indices are _checked_positions), a
     fully masked row needs p < 0, for which the call raises: the If becomes its Attention,
     in the main graph, where the other attention rewrites see it. failures: names of the
-    graph outputs that make the call raise. Returns the count."""
+    graph outputs that make the call raise.
+
+    runtime_checks (a list): where the mask is Where(B, 0, -inf) of a bool graph input B
+    (the causal mask HF generate makes outside the graph for a static cache), the If goes
+    too, with a check per call that B is exactly that causal mask (key j <= P[i] for the
+    checked positions P): (condition, reason, ONNX node name) is appended, for the graph to
+    fail the run (to torch) where the condition is true; checked_masks[mask] = ((S, p), L),
+    for static_cache_attention. Returns the count."""
     g = _Graph(graph, known)
-    checked = set()
+    fresh, constant = _new_values(graph, "ortlite_mask_check")
+    checked = []  # ((S, p), L, the positions' value, the ScatterElements)
     for node in graph.node:
         if node.op_type == "ScatterElements" and node.domain in ("", "ai.onnx") and (node.input[0] in g.inputs or node.input[0] in g.initializers):
             shape = g.shape(node.input[0])
             if shape and len(shape) == 4 and isinstance(shape[2], int):
-                found = _checked_positions(g, node.input[1], failures, shape[2])
+                found = _checked_positions(g, node.input[1], failures, shape[2], value=True)
                 if found:
-                    checked.add((found, shape[2]))
+                    checked.append((found[0], shape[2], found[1], node.output[0]))
     if not checked:
         return 0
-    count = 0
+    count, added = 0, {}
     for i, node in enumerate(graph.node):
         if node.op_type != "If" or len(node.output) != 1:
             continue
@@ -353,22 +364,81 @@ def proven_attention_masks(graph: onnx.GraphProto, known: dict[str, tuple], fail
             continue
         if len(attention.input) != 4 or any(a.name == "is_causal" and a.i for a in attention.attribute):
             continue
-        found = _causal_offset_mask(g, attention.input[3])
-        if found is None or not any(_same_positions(g, found[0], c[0]) and found[1] == c[1] for c in checked):
+        mask = attention.input[3]
+        found = _causal_offset_mask(g, mask)
+        if found is not None and not any(_same_positions(g, found[0], c[0]) and found[1] == c[1] for c in checked):
             continue
+        if found is None:
+            if runtime_checks is None or checked_masks is None:
+                continue
+            own = _written_by(g, attention.input[1])  # the cache this attention reads, and its write's positions
+            mine = [c for c in checked if own is not None and c[3] == own]
+            check = _mask_check(g, mask, attention.input[0], mine, constant, fresh)
+            if check is None:
+                continue
+            nodes, condition, found = check
+            added[i] = nodes
+            runtime_checks.append((condition, "the attention mask is not the causal mask of the cache positions", node.name))
+            checked_masks[mask] = found
         rewritten = helper.make_node("Attention", list(attention.input), [node.output[0]], name=node.name)
         rewritten.attribute.extend(attention.attribute)
         graph.node[i].CopyFrom(rewritten)
         count += 1
     if count:
-        nodes = live_nodes(list(graph.node), g.outputs)
+        nodes = [m for i, n in enumerate(graph.node) for m in added.get(i, []) + [n]]
+        nodes = live_nodes(nodes, g.outputs | {c for c, _, _ in runtime_checks or ()})
         del graph.node[:]
         graph.node.extend(nodes)
     return count
 
 
+def _written_by(g: _Graph, value: str):
+    """The ScatterElements output value is read from, through Identities, Reshapes, Expands
+    and Unsqueezes (transformers' repeat_kv), else None."""
+    node = g.producer.get(value)
+    while node is not None and node.domain in ("", "ai.onnx") and node.op_type in ("Identity", "Reshape", "Expand", "Unsqueeze"):
+        value = node.input[0]
+        node = g.producer.get(value)
+    return value if node is not None and node.op_type == "ScatterElements" else None
+
+
+def _mask_check(g: _Graph, mask: str, q: str, checked: list, constant, fresh):
+    """(nodes, condition, ((S, p), L)) checking per call that mask, Where(B, 0, -inf) of a bool
+    graph input B (1, 1, S, L), is the causal mask of one of the checked cache positions
+    (P, of L keys): condition is true where B differs from key j <= P[i]. None where mask is
+    not so or no cache of L positions is written at positions of q's length."""
+    where = g.made_by(mask, "Where")
+    if where is None or g.known.get(mask, (None,))[0] not in (None, torch.float32):
+        return None
+    zero, minus_inf = g.constant(where.input[1]), g.constant(where.input[2])
+    if zero is None or minus_inf is None or zero.size != 1 or minus_inf.size != 1 or float(zero.flat[0]) != 0.0 or float(minus_inf.flat[0]) != -np.inf:
+        return None
+    bools = g.root(where.input[0])
+    shape = g.shape(bools)
+    if bools not in g.inputs or shape is None or len(shape) != 4 or g.known[bools][0] != torch.bool or q not in g.known:
+        return None
+    length = shape[3]
+    if not isinstance(length, int) or any(not (isinstance(d, int) and d == 1) for d in shape[:2]) or not same_shape(shape[2:3], g.known[q][1][2:3]):
+        return None
+    match = next(((found, positions) for found, cache_length, positions, _ in checked if cache_length == length and same_shape(g.shape(positions) or (None,), shape[2:3])), None)
+    if match is None:
+        return None
+    found, positions = match
+    causal, rows, differ, count, condition = (fresh(f"{mask}_{x}") for x in ("causal", "rows", "differ", "count", "not_causal"))
+    nodes = [
+        helper.make_node("Unsqueeze", [positions, constant([0, 1, 3])], [rows]),
+        helper.make_node("LessOrEqual", [constant(np.arange(length, dtype=np.int64).reshape(1, 1, 1, length)), rows], [causal]),
+        helper.make_node("Xor", [bools, causal], [differ]),
+        helper.make_node("ReduceMax", [fresh(f"{mask}_differ_int")], [count], keepdims=0),
+        helper.make_node("Cast", [count], [condition], to=TensorProto.BOOL),
+    ]
+    nodes.insert(3, helper.make_node("Cast", [differ], [nodes[3].input[0]], to=TensorProto.INT32))
+    return nodes, condition, (found, length)
+
+
 def static_cache_attention(
-    graph: onnx.GraphProto, known: dict[str, tuple], failures: set, inplace: list | None = None, mutations: dict | None = None
+    graph: onnx.GraphProto, known: dict[str, tuple], failures: set, inplace: list | None = None, mutations: dict | None = None,
+    checked_masks: dict | None = None,
 ) -> int:
     """Attention over a static KV cache as transformers' StaticCache spells it, lowered:
         Kc = ScatterElements(K, positions, k_new, axis=2)   (K a graph input (1, Hkv, L, D); positions
@@ -431,7 +501,7 @@ def static_cache_attention(
             continue
         q, k, v, mask = node.input
         ks, vs = scatter(k), scatter(v)
-        masked = _causal_offset_mask(g, mask)
+        masked = _causal_offset_mask(g, mask) or (checked_masks or {}).get(mask)
         if ks is None or vs is None or masked is None or q not in known or known[q][0] != torch.float32:
             continue
         (k_node, k_pos), (v_node, v_pos) = ks, vs
