@@ -250,9 +250,9 @@ def test_separate_decode_graph(quantize):
         with torch.no_grad():
             assert torch.equal(tokens, model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[:, 5:])
     else:
-        # q, k, v packed into one product, gate and up into one: 4 a layer and the LM head (the
-        # prompt's LM head has one row too: its last position's)
-        assert decode_ops.get("MatMulNBits") == 9 and prompt_ops.get("MatMulNBits") == 1, (decode_ops, prompt_ops)
+        # q, k, v packed into one product: 5 a layer and the LM head (the prompt's LM head has
+        # one row too: its last position's)
+        assert decode_ops.get("MatMulNBits") == 11 and prompt_ops.get("MatMulNBits") == 1, (decode_ops, prompt_ops)
         assert tokens.shape == (1, 12)
 
 
@@ -275,15 +275,17 @@ def test_packed_products_match_eager(monkeypatch):
     """Packed products give eager's values, and bit for bit the values of the graph without
     packing (each column the same dot product)."""
     import ortlite.lower
+    from ortlite.lower import decoder
 
     model = SharedInput().eval()
     x = torch.randn(2, 7, 48)
     batch, length = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("length", min=1, max=64)
     with torch.no_grad():
-        compiled = ortlite.compile(model, (x,), dynamic_shapes=({0: batch, 1: length},))
-        with monkeypatch.context() as m:
-            m.setattr(ortlite.lower, "packed_products", lambda graph, known: 0)
-            unpacked = ortlite.compile(model, (x,), dynamic_shapes=({0: batch, 1: length},))
+        with monkeypatch.context() as m:  # (compiles pack q, k and v for GroupQueryAttention alone: every product here)
+            m.setattr(ortlite.lower, "static_cache_attention", lambda *a: 1)
+            m.setattr(ortlite.lower, "packed_products", lambda graph, known, into=None: decoder.packed_products(graph, known))
+            compiled = ortlite.compile(model, (x,), dynamic_shapes=({0: batch, 1: length},))
+        unpacked = ortlite.compile(model, (x,), dynamic_shapes=({0: batch, 1: length},))
     assert "Split" not in ops_of(unpacked)
     ops = ops_of(compiled)
     # x's five products by constant weights: four packed, one alone; x @ (a weight's sum) and other(...) as they were

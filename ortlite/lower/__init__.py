@@ -228,7 +228,9 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     shield_range_gathers(model.graph)
-    if packed_products(model.graph, known) and decoder_ops:
+    # q, k and v packed where they feed GroupQueryAttention (packing the MLP's gate and up measured
+    # 1-5% slower a decode step with quantized weights: the Split costs what the call saves)
+    if decoder_ops and packed_products(model.graph, known, into=("GroupQueryAttention",)):
         rotary_inside_attention(model.graph, known, model.opset_import)
     prelude = None
     if hoisting:

@@ -673,14 +673,15 @@ def repeated_checks(nodes: list, initializers: list, checks: list) -> list[bool]
 PACK_MOST = 4  # products packed into one at most
 
 
-def packed_products(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
+def packed_products(graph: onnx.GraphProto, known: dict[str, tuple], into: tuple | None = None) -> int:
     """Products of one input by constant weights, as a decoder's q, k and v projections (and
     its MLP's gate and up) read the normed hidden states:
         MatMul(x, W1), MatMul(x, W2), ...   (each W an initializer (K, Ni), or one's Transpose)
     become one MatMul(x, [W1 W2 ...]) and a Split of its columns: one kernel call reading x
     once instead of several, the same dot products (each column is x times that column).
     Only float32 x and weights, 2-D weights of the same K, at most PACK_MOST together, in
-    the order the graph has them. The packed weight is an initializer of its own (the
+    the order the graph has them; into: only products whose results reach an op of these
+    types (through RotaryEmbedding), None: all. The packed weight is an initializer of its own (the
     separate ones go where nothing else reads them): weights that are graph inputs (bound,
     or frozen at session build) are left. Returns the number of products packed."""
     initializers = {t.name: t for t in graph.initializer}
@@ -699,9 +700,25 @@ def packed_products(graph: onnx.GraphProto, known: dict[str, tuple]) -> int:
             return (found[0], True) if found is not None and not found[1] else None
         return None
 
+    readers: dict = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+
+    def feeds(value, depth=0):
+        """The op types value reaches through RotaryEmbedding (a q or k on its way)."""
+        found = set()
+        for r in readers.get(value, []):
+            found.add(r.op_type)
+            if r.op_type == "RotaryEmbedding" and depth < 2:
+                found |= feeds(r.output[0], depth + 1)
+        return found
+
     groups: dict = {}
     for node in graph.node:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            continue
+        if into is not None and not feeds(node.output[0]) & set(into):
             continue
         x = node.input[0]
         if x not in known or known[x][0] != torch.float32 or len(known[x][1]) < 2:
