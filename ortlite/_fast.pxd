@@ -143,8 +143,11 @@ cdef class _Outputs:
     cdef bint recycle            # refill a binding's previous outputs when nothing can observe them
     cdef Py_ssize_t recycle_max_bytes
     cdef uintptr_t scratch_ptr
+    cdef list inplace_arg        # per output: the argument whose memory ORT writes it into, -1 for none
+    cdef bint any_inplace
 
     cdef list bind(self, _Binding b, tuple shapes)
+    cdef bind_inplace(self, _Binding b, tuple args, _Inputs inputs, list outs)
     cdef take_ort_allocated(self, _Binding b, list outs)
 
 

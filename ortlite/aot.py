@@ -78,7 +78,10 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
             raise CompileError(f"ortlite.compile: unsupported exported input kind {spec.kind} ({spec.target})")
 
     ranges = _ranges_run(program, placeholders)
-    lowered = lower_graph(gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", quantize=options.quantize)
+    lowered = lower_graph(
+        gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", quantize=options.quantize,
+        mutated=_mutated_inputs(signature, placeholders),
+    )
     lowered.guards = _export_guards(placeholders, lowered.symbols)
     lowered.input_views = _input_views(gm, signature)
     lowered.io_dtype = reduced
@@ -200,6 +203,23 @@ def _source(gm: torch.fx.GraphModule, node_name: str) -> str:
     node = next((n for n in gm.graph.nodes if n.name == node_name), None)
     line = source_line(node) if node is not None else ""
     return f", from {line}" if line else ""
+
+
+def _mutated_inputs(signature, placeholders) -> dict:
+    """FX output position -> the name of the placeholder whose new value it is (the buffers
+    and user inputs the program mutates)."""
+    by_target = {}
+    for spec, node in zip(signature.input_specs, placeholders):
+        if spec.kind == InputKind.BUFFER:
+            by_target[("buffer", spec.target)] = node.name
+        elif spec.kind == InputKind.USER_INPUT:
+            by_target[("user", spec.arg.name)] = node.name
+    mutated = {}
+    for position, spec in enumerate(signature.output_specs):
+        key = ("buffer", spec.target) if spec.kind == OutputKind.BUFFER_MUTATION else ("user", spec.target) if spec.kind == OutputKind.USER_INPUT_MUTATION else None
+        if key in by_target:
+            mutated[position] = by_target[key]
+    return mutated
 
 
 def _user_input_index(signature, name) -> int:

@@ -84,6 +84,32 @@ def _module_path(node: torch.fx.Node) -> str:
     return next(reversed(stack.values()), ("",))[0] if stack else ""
 
 
+MUTATED_KEY = "ortlite_mutated"
+
+
+def mutated_outputs(gm: torch.fx.GraphModule) -> dict:
+    """Output position -> placeholder name, for the inputs an inference graph mutates, from
+    aot_autograd's metadata: it returns their new values first, in input order, and copies
+    them into the inputs after the call. Empty where the metadata says otherwise (mutations
+    kept in the graph, of metadata, or a count that does not match)."""
+    metadata = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if metadata is None or len(placeholders) != len(metadata.input_info):
+        return {}
+    mutated = [i for i, info in enumerate(metadata.input_info) if info.mutates_data or info.mutates_metadata]
+    try:
+        from torch._functorch._aot_autograd.schemas import MutationType
+
+        out_of_graph = MutationType.MUTATED_OUT_GRAPH
+    except (ImportError, AttributeError):  # another torch: no mutation is written in place
+        return {}
+    if any(metadata.input_info[i].mutates_metadata or metadata.input_info[i].mutation_type != out_of_graph for i in mutated):
+        return {}
+    if list(getattr(metadata, "mutated_inp_runtime_indices", [])) != mutated:
+        return {}
+    return {position: placeholders[i].name for position, i in enumerate(mutated)}
+
+
 class Backend:
     """A torch.compile backend running graphs in ONNX Runtime; owns its caches and stats."""
 
@@ -168,6 +194,9 @@ class Backend:
             frozen = frozen_inputs(gm, lifted + dynamo_graph["inputs"], weights)
         floats = attribute_floats(dynamo_graph["gm"], len(lifted), gm)
         numbers = bool(floats) and pass_as_numbers(dynamo_graph["gm"], len(lifted), floats)
+        mutated = mutated_outputs(gm)
+        if mutated:  # (read by _build_runner for this graph whole: not a part, not a variant)
+            gm.meta[MUTATED_KEY] = mutated
         return self.compile_graph(gm, "forward", frozen, floats, numbers)
 
     def compile_graph(self, gm: torch.fx.GraphModule, kind: str, frozen: dict | None = None, floats: dict | None = None, numbers: bool = False):
@@ -363,6 +392,7 @@ class Backend:
             hoist_sizes=self.options.size_constants and hoist,
             frozen=frozenset(frozen or ()),
             quantize=self.options.quantize if frozen else None,  # (inference graphs: their weights' values are known at session build)
+            mutated=getattr(gm, "meta", {}).get(MUTATED_KEY),
         )
         # once frozen weights keep changing: the same graph compiled with them bound
         unfrozen = functools.partial(self._compile, gm, f"{name}_bound", False) if frozen else None

@@ -19,6 +19,7 @@ from . import _fast
 from .frozen import BoundWeights, FrozenWeights
 from .lower import LoweredGraph, sizes_vary
 from .lower.builder import FAILURE_ERRORS, TO_TORCH, TORCH_TO_ONNX, sym_expr
+from .lower.ops.common import same_shape
 from .lower.hoist import SHAPE, VALUE, WEIGHT
 from .session import current_cuda_stream, disabled_optimizers_for, ort_device
 
@@ -141,7 +142,28 @@ def build_runner(
         [(i, message, None if kind == TO_TORCH else FAILURE_ERRORS[kind]) for i, message, kind in lowered.failures],
         (lowered.pattern_key, ort_device(torch.device("cpu"))) if lowered.pattern_key else None,
         _size_constants(name, lowered, frozen),
+        inplace_pairs(lowered, frozen),
     )
+
+
+def inplace_pairs(lowered: LoweredGraph, frozen=frozenset()) -> list[tuple[int, int]]:
+    """(ORT output index, argument index) of each output written into an argument's memory
+    (LoweredGraph.inplace): the same shape (the same expressions), dtype and device, a tensor
+    argument that is not an initializer. A pair that is not so is a lowering's bug: raises."""
+    outputs = {o.name: i for i, o in enumerate(lowered.ort_outputs)}
+    arguments = {spec.name: i for i, spec in enumerate(lowered.inputs) if spec.name}
+    pairs = []
+    for output, argument in lowered.inplace:
+        i, j = outputs.get(output), arguments.get(argument)
+        o = lowered.ort_outputs[i] if i is not None else None
+        a = lowered.inputs[j] if j is not None else None
+        if o is None or a is None or a.kind != "tensor" or j in frozen or not same_shape(o.shape, a.shape) or o.dtype != a.dtype or o.device != a.device:
+            raise ValueError(
+                f"ortlite: output {output!r} cannot be written into input {argument!r} in place "
+                f"({None if o is None else (o.dtype, tuple(o.shape), o.device)} into {None if a is None else (a.kind, a.dtype, tuple(a.shape), a.device)}{', an initializer' if j in frozen else ''})"
+            )
+        pairs.append((i, j))
+    return pairs
 
 
 def _size_constants(name: str, lowered: LoweredGraph, frozen):
@@ -260,7 +282,8 @@ def _recycle_outputs(lowered: LoweredGraph) -> bool:
     reuse across streams, which recycling would bypass."""
     if not lowered.ort_outputs or any(o.device.type != "cpu" for o in lowered.ort_outputs):
         return False
-    static = [o for o in lowered.ort_outputs if _is_static(o.shape)]
+    written = {output for output, _ in lowered.inplace}  # (into an argument: never allocated)
+    static = [o for o in lowered.ort_outputs if _is_static(o.shape) and o.name not in written]
     return sum(math.prod(o.shape) * o.dtype.itemsize for o in static) <= RECYCLE_MAX_BYTES
 
 

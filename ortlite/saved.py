@@ -151,6 +151,7 @@ def _metadata(compiled) -> dict:
         "mutations": [[kind.name, target] for kind, target in compiled._mutations],
         "input_views": [[position, source, chain] for position, (source, chain) in lowered.input_views.items()],
         "io_dtype": DTYPES_BY_VALUE[lowered.io_dtype] if lowered.io_dtype is not None else None,
+        "inplace": [[output, argument] for output, argument in lowered.inplace],
         "in_spec": pytree.treespec_dumps(compiled._in_spec),
         "out_spec": pytree.treespec_dumps(compiled._out_spec),
     }
@@ -368,9 +369,27 @@ def _decode(model: onnx.ModelProto, m: dict):
     lowered = LoweredGraph(
         model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures, pattern_key=pattern_key,
         guards=[expr(j) for j in m.get("guards", [])], input_views=_input_views(m.get("input_views", []), out_spec.num_leaves, n_user),
-        io_dtype=_io_dtype(m.get("io_dtype")),
+        io_dtype=_io_dtype(m.get("io_dtype")), inplace=_inplace(m.get("inplace", []), inputs, ort_outputs),
     )
     return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec, "key_added": key_added}
+
+
+def _inplace(entries, inputs, ort_outputs) -> list:
+    """LoweredGraph.inplace from the file: pairs of an ONNX output and a tensor argument of the
+    same shape, dtype and device, each output once (absent in older files)."""
+    by_name = {spec.name: spec for spec in inputs if spec.kind == "tensor"}
+    outputs = {spec.name: spec for spec in ort_outputs}
+    pairs, seen = [], set()
+    if not isinstance(entries, list):
+        raise _Invalid(f"malformed ortlite metadata: inplace {str(entries)[:50]!r}")
+    for entry in entries:
+        ok = isinstance(entry, list) and len(entry) == 2 and all(isinstance(n, str) for n in entry)
+        o, a = (outputs.get(entry[0]), by_name.get(entry[1])) if ok else (None, None)
+        if o is None or a is None or entry[0] in seen or (o.dtype, tuple(o.shape), o.device) != (a.dtype, tuple(a.shape), a.device):
+            raise _Invalid(f"malformed ortlite metadata: output written in place {str(entry)[:80]!r}")
+        seen.add(entry[0])
+        pairs.append((entry[0], entry[1]))
+    return pairs
 
 
 VIEW_OP = re.compile(r"[a-z][a-z0-9_]*\.[a-zA-Z0-9_]+")

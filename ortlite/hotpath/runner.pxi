@@ -6,11 +6,15 @@
 cdef class _Outputs:
     """The graph's ONNX outputs: their buffers, allocated per call or recycled."""
 
-    def __init__(self, outputs, uintptr_t scratch_ptr, bint recycle, Py_ssize_t recycle_max_bytes):
+    def __init__(self, outputs, uintptr_t scratch_ptr, bint recycle, Py_ssize_t recycle_max_bytes, inplace=()):
         """outputs: (name, elem_type, ort_device, template, shape) per ONNX output. recycle,
-        recycle_max_bytes: see Runner's recycle_outputs."""
+        recycle_max_bytes: see Runner's recycle_outputs. inplace: see Runner's."""
         cdef Py_ssize_t k
         self.n = len(outputs)
+        self.inplace_arg = [-1] * self.n
+        for k, arg in inplace:
+            self.inplace_arg[k] = arg
+        self.any_inplace = bool(inplace)
         self.names = [o[0] for o in outputs]
         self.elem_types = [o[1] for o in outputs]
         self.ort_devices = [o[2] for o in outputs]
@@ -43,6 +47,9 @@ cdef class _Outputs:
         cdef list outs = []
         cdef uintptr_t ptr
         for i in range(self.n):
+            if self.any_inplace and <Py_ssize_t>self.inplace_arg[i] >= 0:
+                outs.append(None)  # (bind_inplace)
+                continue
             shape = self.shapes[i]
             static = shape is not None
             if not static:
@@ -72,6 +79,36 @@ cdef class _Outputs:
                 b.bound_out_ptrs[i] = ptr
             outs.append(out)
         return outs
+
+    cdef bind_inplace(self, _Binding b, tuple args, _Inputs inputs, list outs):
+        """Outputs ORT writes into an argument's memory (Runner's inplace): each is bound to
+        the memory its argument is bound from, and is that argument. Where that memory is a
+        contiguous copy (the argument is not contiguous), a copy of its own is bound as both
+        the argument and the output, and the output is that copy."""
+        cdef Py_ssize_t i, j
+        cdef uintptr_t ptr
+        for i in range(self.n):
+            j = self.inplace_arg[i]
+            if j < 0:
+                continue
+            a = args[j]
+            ptr = b.bound_ptrs[j]
+            if <uintptr_t>_data_ptr_of(a) != ptr:
+                a = _materialized(a)
+                ptr = _address(a, 0, self.scratch_ptr)
+                inputs._bind_input(b, j, a.shape, ptr)
+            shape = self.shapes[i]
+            if shape is None:  # symbolic: the argument's (the output has its shape)
+                shape = a.shape
+                b.bound_out_ptrs[i] = 0  # (its shape may change with the same memory: bound anew)
+            if ptr != b.bound_out_ptrs[i]:
+                if b.iob is None:
+                    b.set_output(i, ptr, shape, self.elem_types[i], self.itemsizes[i])
+                else:
+                    b.iob.bind_output(self.names[i], self.ort_devices[i], self.elem_types[i], shape, ptr)
+                if self.shapes[i] is not None:
+                    b.bound_out_ptrs[i] = ptr
+            outs[i] = a
 
     cdef take_ort_allocated(self, _Binding b, list outs):
         """Outputs ORT allocated (None in outs) become torch tensors through DLPack. (No
@@ -160,7 +197,7 @@ cdef class Runner:
     def __init__(self, str name, sess, run_options, binding_factory, inputs, outputs, plan, scratch,
                  guard_factory=None, bint returns_tuple=True, bint boxed=False, bint recycle_outputs=False,
                  sizes_fn=None, Py_ssize_t recycle_max_bytes=0, stream_of=None, session_for=None, failures=(),
-                 pattern_key=None, size_constants=None):
+                 pattern_key=None, size_constants=None, inplace=()):
         """inputs: (kind, name, dtype, elem_type, ort_device, device_index, shape) per argument.
         outputs: (name, elem_type, ort_device, template, shape) per ONNX output.
         plan: (source, index, value, as_scalar) per graph output.
@@ -187,6 +224,10 @@ cdef class Runner:
             computed from the call's arguments by callable(args) -> tuple of n tensors
             (ortlite.runner.SizeConstants: int arguments, shapes and frozen weights determine
             them). An ONNX Runtime failure there is a failed run (on_run_failure).
+        inplace: (ORT output index, argument index) per output that ORT writes into that
+            argument's memory (a static tensor of the output's shape and dtype; the kernel
+            makes it from the argument in place: GroupQueryAttention's present key sharing
+            the past key's buffer). The call returns the argument itself as that output.
         on_run_failure (attribute): when ORT fails a run, called with the RunError; what it
             returns takes (*args) and runs the graph from then on, this call included.
             None: the RunError is raised."""
@@ -195,7 +236,7 @@ cdef class Runner:
             self.size_constants, n_constants = size_constants
         self.name = name
         self.inputs = _Inputs(name, inputs, scratch.data_ptr(), guard_factory, pattern_key, n_constants)
-        self.outputs = _Outputs(outputs, scratch.data_ptr(), recycle_outputs, recycle_max_bytes)
+        self.outputs = _Outputs(outputs, scratch.data_ptr(), recycle_outputs, recycle_max_bytes, inplace)
         self.sess = sess
         self.run_options = run_options
         if _api != NULL:
@@ -281,6 +322,8 @@ cdef class Runner:
             else:
                 shapes = sizes = None
             outs = self.outputs.bind(b, shapes)
+            if self.outputs.any_inplace:
+                self.outputs.bind_inplace(b, args, self.inputs, outs)
             error = None
             if not self.outputs.n:  # a graph of size arithmetic alone has nothing for ORT to run
                 pass

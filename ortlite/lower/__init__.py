@@ -12,7 +12,11 @@ import torch
 import torch.fx
 
 from . import ops  # noqa: F401  (registers the op table)
-from .builder import TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
+from .builder import TO_TORCH, TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
+from .decoder import (
+    packed_products, proven_attention_masks, repeated_checks, rotary_inside_attention, scatters_in_place, skip_simplified_norms,
+    static_cache_attention,
+)
 from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
 from .quantize import add_domain, quantize_products
@@ -91,6 +95,10 @@ class LoweredGraph:
     # stub initializers of quantized frozen weights: name -> (weight input, form, transposed)
     quantized: list = dataclasses.field(default_factory=list)
     derived_weights: dict = dataclasses.field(default_factory=dict)
+    # outputs ONNX Runtime must write into an input's memory (its kernel makes them from that
+    # input in place: GroupQueryAttention's present key sharing the past key's buffer, see
+    # lower.decoder): [(ONNX output name, ONNX input name)]; the runner binds both to it
+    inplace: list = dataclasses.field(default_factory=list)
 
 
 def _scalar_kind(val) -> str | None:
@@ -113,6 +121,7 @@ def lower_graph(
     hoist_sizes: bool = False,
     frozen: frozenset = frozenset(),
     quantize: str | None = None,
+    mutated: dict | None = None,
 ) -> LoweredGraph:
     """constants: placeholder name -> tensor, for placeholders that become initializers
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
@@ -122,10 +131,10 @@ def lower_graph(
     the runner of runner.build_runner runs it). frozen: indices of the arguments that are
     frozen weights (ortlite.frozen). quantize: Options.quantize (see lower.quantize)."""
     with declared_ranges(symbol_ranges):
-        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize)
+        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize, mutated or {})
 
 
-def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize) -> LoweredGraph:
+def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize, mutated) -> LoweredGraph:
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
@@ -184,7 +193,11 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
     failures = []
-    for condition, message, kind in g.failures:  # extra 0-d bool outputs, read by the runner
+    # each check once: a condition computed alike with the same message is the same output
+    repeated = repeated_checks(g.nodes, g.initializers, g.failures)
+    for (condition, message, kind), again in zip(g.failures, repeated):  # extra 0-d bool outputs, read by the runner
+        if again:
+            continue
         failures.append((len(ort_outputs), message, kind))
         g.add_output(condition, torch.bool, ())
         ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
@@ -198,10 +211,27 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     fuse_rms_norm(model.graph, known)
+    raising = {ort_outputs[i].name for i, _, kind in failures if kind != TO_TORCH}  # outputs that make the call raise
+    runtime_checks, checked_masks = [], {}
+    proven_attention_masks(model.graph, known, raising, runtime_checks, checked_masks)
+    for condition, reason, onnx_node in runtime_checks:  # (fail the run where true: that node runs in torch)
+        check = g.fresh(f"{g.node_origin.get(onnx_node, onnx_node)}__FallbackCheck")
+        g.node_origin[check] = g.node_origin.get(onnx_node, "")
+        failures.append((len(ort_outputs), f"while running FallbackCheck node. Name:'{check}' Status Message: {reason}", TO_TORCH))
+        model.graph.output.append(onnx.helper.make_tensor_value_info(condition, onnx.TensorProto.BOOL, []))
+        ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
     attention_fusions(model.graph, known, g.values_now)
+    inplace: list = []
+    mutations = _mutation_pairs(mutated, outputs, ort_outputs, placeholders, env, inputs)
+    decoder_ops = static_cache_attention(model.graph, known, raising, inplace, mutations, checked_masks) + skip_simplified_norms(model.graph, known)
+    scatters_in_place(model.graph, inplace, mutations)
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     shield_range_gathers(model.graph)
+    # q, k and v packed where they feed GroupQueryAttention (packing the MLP's gate and up measured
+    # 1-5% slower a decode step with quantized weights: the Split costs what the call saves)
+    if decoder_ops and packed_products(model.graph, known, into=("GroupQueryAttention",)):
+        rotary_inside_attention(model.graph, known, model.opset_import)
     prelude = None
     if hoisting:
         weights = [s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR and s.device.type == "cpu" and s.dtype in PRELUDE_WEIGHT_DTYPES]
@@ -211,16 +241,38 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         if split is not None:
             model, prelude, specs = split
             inputs = inputs + [InputSpec(TENSOR, name, dtype, shape, torch.device("cpu")) for name, dtype, shape in specs]
+    if decoder_ops:
+        add_domain(model)
     quantized, derived = [], {}
     if quantize is not None:
         frozen_names = {s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR}
-        quantized, derived = quantize_products(model.graph, quantize, known, frozen_names, g.node_origin)
+        quantized, derived = quantize_products(model.graph, quantize, known, frozen_names, g.node_origin, ranges)
         if quantized:
             add_domain(model)
     return LoweredGraph(
         model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key, prelude,
-        quantized=quantized, derived_weights=derived,
+        quantized=quantized, derived_weights=derived, inplace=inplace,
     )
+
+
+def _mutation_pairs(mutated: dict, outputs: list, ort_outputs: list, placeholders: list, env: dict, inputs: list) -> dict:
+    """ONNX output name -> ONNX input name, for outputs that are the new values of inputs the
+    graph mutates (mutated: FX output position -> the placeholder's name), each output read
+    by that FX output alone: those an output may be written into in place."""
+    by_name = {n.name: n for n in placeholders}
+    tensor_inputs = {spec.name for spec in inputs if spec.kind == TENSOR}
+    uses: dict[int, int] = {}
+    for o in outputs:
+        if o.source == "ort":
+            uses[o.index] = uses.get(o.index, 0) + 1
+    pairs = {}
+    for position, name in mutated.items():
+        o = outputs[position] if 0 <= position < len(outputs) else None
+        node = by_name.get(name)
+        value = env.get(node) if node is not None else None
+        if o is not None and o.source == "ort" and uses[o.index] == 1 and isinstance(value, Value) and str(value) in tensor_inputs:
+            pairs[ort_outputs[o.index].name] = str(value)
+    return pairs
 
 
 def _sizes_vary(inputs: list[InputSpec], ort_outputs: list[InputSpec]) -> bool:

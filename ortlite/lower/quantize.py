@@ -116,7 +116,7 @@ def derived_values(derived: dict, weights: dict) -> dict:
     }
 
 
-def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: set[str] = frozenset(), origin: dict | None = None):
+def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: set[str] = frozenset(), origin: dict | None = None, ranges: dict | None = None):
     """Rewrites graph in place (see the module docstring). known: value name -> (torch dtype,
     shape) of the values lowering made; frozen: names of graph inputs that are frozen weights;
     origin: ONNX node name -> FX node name.
@@ -237,7 +237,7 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
             "MatMulNBits", [a, value(weight, "int4", transposed), value(weight, "int4_scale", transposed), "", "", bias], out, node.name,
             K=k, N=n, bits=4, block_size=INT4_BLOCK, accuracy_level=INT4_ACCURACY,
         )
-        if mode == "int8" or (rows is not None and rows > INT4_MAX_ROWS):
+        if mode == "int8" or (rows is not None and rows > INT4_MAX_ROWS) or _least_rows(a_shape, ranges or {}) > INT4_MAX_ROWS:
             new, kernel = [int8(out)], "int8"
         elif rows is not None:
             new, kernel = [int4(out)], "int4"
@@ -319,6 +319,25 @@ def _rows(shape) -> int | None:
         if type(d) is not int:
             return None
         rows *= d
+    return rows
+
+
+def _least_rows(shape, ranges: dict) -> int:
+    """The fewest rows a product of this left operand's shape can have: its leading sizes
+    at the low ends of their ranges (symbol -> (low, high)); 0 where a size has no known
+    low end (a symbolic row count of at least 2, e.g. a prefill graph's, needs no If)."""
+    from .builder import sym_expr
+
+    rows = 1
+    for d in shape[:-1]:
+        if type(d) is int:
+            rows *= d
+            continue
+        expr = sym_expr(d)
+        low = ranges.get(expr, (None, None))[0] if getattr(expr, "is_Symbol", False) else None
+        if low is None:
+            return 0
+        rows *= low
     return rows
 
 
