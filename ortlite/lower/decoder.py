@@ -973,3 +973,19 @@ def _attention_positions(g: _Graph, node, cos: str):
         return None
     (leaf,) = leaves
     return leaf if _same_positions(g, _positions(g, leaf), attended) else None
+
+
+def unread_inputs_in_place(graph: onnx.GraphProto, inplace: list, mutations: dict) -> int:
+    """The new value of a mutated input that no node reads (transformers' StaticCache sets
+    its length counters from cache_position: copy_ over the old value) is written into that
+    input's memory: nothing can see the old value go. mutations: output -> input. Appends
+    to inplace; returns the count."""
+    read = set().union(*(_reads(n) for n in graph.node)) if graph.node else set()
+    produced = {o for n in graph.node for o in n.output}
+    taken = {o for o, _ in inplace}
+    count = 0
+    for output, argument in mutations.items():
+        if output not in taken and output in produced and argument not in read:
+            inplace.append((output, argument))
+            count += 1
+    return count
