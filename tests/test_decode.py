@@ -216,14 +216,16 @@ def test_generate_stops_at_eos():
 
 def test_cache_written_in_place_and_saved(tmp_path):
     """The runner binds GroupQueryAttention's present key and value to the cache buffers'
-    memory: the values it returns for the mutations are the buffers themselves (no copy of
-    the cache per step). A saved step loads with that binding and generates the same."""
+    memory, and the length counters' new values to theirs: the values it returns for the
+    mutations are the buffers themselves (no copy per step). A saved step loads with that
+    binding and generates the same."""
     model = tiny_llama()
     step = ortlite.decode.compile_static_cache_step(model, 32).prompt
-    assert len(step._lowered.inplace) == 4, step._lowered.inplace
+    # the key and value caches of both layers, and their length counters (set, never read)
+    assert len(step._lowered.inplace) == 6, step._lowered.inplace
     results = ortlite._fast.Runner.__call__(step, *step._weights, torch.randint(3, 256, (1, 4)), torch.arange(4))
-    written = [(target, value) for (_, target), value in zip(step._mutations, results) if "_cache_" in target]
-    assert len(written) == 4 and all(value is step._buffers[target] for target, value in written), written
+    written = [(target, value) for (_, target), value in zip(step._mutations, results)]
+    assert len(written) == 6 and all(value is step._buffers[target] for target, value in written), written
     ids = torch.randint(3, 256, (1, 6))
     expected = ortlite.decode.generate(step, ids, 10)
     step.save(tmp_path / "step.onnx")

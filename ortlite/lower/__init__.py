@@ -15,7 +15,7 @@ from . import ops  # noqa: F401  (registers the op table)
 from .builder import TO_TORCH, TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
 from .decoder import (
     packed_products, proven_attention_masks, repeated_checks, rotary_inside_attention, scatters_in_place, skip_simplified_norms,
-    static_cache_attention,
+    static_cache_attention, unread_inputs_in_place,
 )
 from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
@@ -154,7 +154,9 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         elif node.op == "placeholder":
             val = meta(node)
             _collect_symbols(val, len(inputs), symbols, ranges)
-            if not node.users:
+            # (a tensor the graph mutates without reading it stays an input: its new value is
+            # written into its memory, see unread_inputs_in_place)
+            if not node.users and not (isinstance(val, torch.Tensor) and node.name in set(mutated.values())):
                 if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:  # an input if a size needs it
                     g.deferred_inputs[val.node.expr] = _deferred_int_input(g, node.name, inputs, len(inputs))
                 inputs.append(InputSpec(UNUSED))
@@ -225,6 +227,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     mutations = _mutation_pairs(mutated, outputs, ort_outputs, placeholders, env, inputs)
     decoder_ops = static_cache_attention(model.graph, known, raising, inplace, mutations, checked_masks) + skip_simplified_norms(model.graph, known)
     scatters_in_place(model.graph, inplace, mutations)
+    unread_inputs_in_place(model.graph, inplace, mutations)
     hoisting = hoist_sizes and pattern_key is not None  # (CPU graphs whose sizes vary: the same test)
     fold_flattening_reshapes(model.graph, known, g.node_origin, keep_gemm=hoisting)
     shield_range_gathers(model.graph)

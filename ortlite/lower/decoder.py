@@ -445,7 +445,7 @@ def static_cache_attention(
         Vc = ScatterElements(V, positions, v_new, axis=2)    arange(S) + p, checked)
         Attention(q, Kc, Vc, causal mask from arange(S) + p)   (see _causal_offset_mask)
     becomes ONNX Runtime's GroupQueryAttention(q, k_new, v_new, K, V, seqlens_k = p + S - 1,
-    total_sequence_length = p + S) on token rows: it writes k_new and v_new at rows p..p+S-1
+    total_sequence_length = p + S, clamped to [S, L]) on token rows: it writes k_new and v_new at rows p..p+S-1
     of its present key and value (rows below p from K and V) and attends each query i to keys
     0..p+i, the same keys the mask leaves, with the same arithmetic per row (the mask's other
     keys weigh exp(-inf) = 0). inplace (a list): where Kc and Vc are the new values of K and
@@ -532,14 +532,11 @@ def static_cache_attention(
             nodes.append(helper.make_node(op_type, list(inputs), [out], **kw))
             return out
 
-        # p clamped to [0, L - S] (the call raises outside; the kernel then stays in its buffers)
-        zero = constant(np.array(0, np.int64))
-        start = op("Where", op("Less", p, zero), zero, p)
-        last = op("Sub", constant(np.array(length, np.int64)), size)
-        start = op("Where", op("Greater", start, last), last, start)
-        total = op("Add", start, size)
-        total32 = op("Cast", total, to=TensorProto.INT32)
-        seqlens = op("Cast", op("Reshape", op("Sub", total, constant(np.array(1, np.int64))), constant([1])), to=TensorProto.INT32)
+        # p + S clamped to [S, L] in int32 (the call raises outside: positions are checked; the
+        # kernel then stays in its buffers, also where a p past 2**31 wraps in the cast)
+        size32 = op("Cast", size, to=TensorProto.INT32)
+        total32 = op("Clip", op("Cast", op("Add", p, size), to=TensorProto.INT32), size32, constant(np.array(length, np.int32)))
+        seqlens = op("Reshape", op("Sub", total32, constant(np.array(1, np.int32))), constant([1]))
         shared = inplace is not None and all(
             g.readers.get(n.input[0]) == [n] and (mutations or {}).get(n.output[0]) == n.input[0] for n in (k_node, v_node)
         )
@@ -557,7 +554,7 @@ def static_cache_attention(
             )
         )  # fmt: skip
         if not shared:  # rows from p + S on: the buffers' own (in a buffer of its own, the kernel leaves them unset)
-            stale = op("GreaterOrEqual", constant(np.arange(length, dtype=np.int64).reshape(1, 1, length, 1)), total)
+            stale = op("GreaterOrEqual", constant(np.arange(length, dtype=np.int32).reshape(1, 1, length, 1)), total32)
             nodes.append(helper.make_node("Where", [stale, k_node.input[0], present_k], [k_node.output[0]]))
             nodes.append(helper.make_node("Where", [stale, v_node.input[0], present_v], [v_node.output[0]]))
         # the heads the Attention gave, from the rows (a Transpose pair the next pass cancels)
@@ -951,15 +948,14 @@ def rotary_inside_attention(graph: onnx.GraphProto, known: dict[str, tuple], ops
 def _attention_positions(g: _Graph, node, cos: str):
     """The positions vector cos is computed from (the one leaf of its position slice that is
     arange(S) + p), where that is the S and p GroupQueryAttention node (static_cache_attention's)
-    writes and attends at: read back from its total_sequence_length, Cast(Add(clamped p, S)),
-    the clamp Where(Greater(...), L - S, Where(Less(p, 0), 0, p)). Else None."""
-    cast = g.producer.get(node.input[6])
-    total = cast and g.made_by(cast.input[0], "Add")
-    upper = total and g.made_by(total.input[0], "Where")
-    lower = upper and g.made_by(upper.input[2], "Where")
-    if lower is None:
+    writes and attends at: read back from its total_sequence_length, Clip(Cast(Add(p, S))).
+    Else None."""
+    clip = g.producer.get(node.input[6])
+    cast = clip if clip is None or clip.op_type != "Clip" else g.producer.get(clip.input[0])
+    total = cast and cast.op_type == "Cast" and g.made_by(cast.input[0], "Add")
+    if not total:
         return None
-    attended = (total.input[1], lower.input[2])
+    attended = (total.input[1], total.input[0])
     leaves, seen, stack = set(), set(), [cos]
     while stack:
         v = stack.pop()
@@ -977,3 +973,19 @@ def _attention_positions(g: _Graph, node, cos: str):
         return None
     (leaf,) = leaves
     return leaf if _same_positions(g, _positions(g, leaf), attended) else None
+
+
+def unread_inputs_in_place(graph: onnx.GraphProto, inplace: list, mutations: dict) -> int:
+    """The new value of a mutated input that no node reads (transformers' StaticCache sets
+    its length counters from cache_position: copy_ over the old value) is written into that
+    input's memory: nothing can see the old value go. mutations: output -> input. Appends
+    to inplace; returns the count."""
+    read = set().union(*(_reads(n) for n in graph.node)) if graph.node else set()
+    produced = {o for n in graph.node for o in n.output}
+    taken = {o for o, _ in inplace}
+    count = 0
+    for output, argument in mutations.items():
+        if output not in taken and output in produced and argument not in read:
+            inplace.append((output, argument))
+            count += 1
+    return count
