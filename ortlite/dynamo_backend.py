@@ -324,6 +324,10 @@ class Backend:
         if refuse:
             self._refuse(unsupported)
         box = make_boxed_func if boxed else (lambda f: f)
+        if not any(_makes_tensors(n) for n in _calls(gm)):
+            # nothing for ONNX Runtime (results all arguments, sizes or none: a graph Dynamo
+            # cut between a check and a graph break), which refuses a model without nodes
+            return box(gm), [], unsupported
         if not unsupported:
             runner = self._runner_or_none(gm, name, boxed=boxed, frozen=frozen)
             if runner is None:
@@ -453,6 +457,10 @@ def op_signature(node: torch.fx.Node) -> tuple:
 
 def _calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _makes_tensors(node: torch.fx.Node) -> bool:
+    return any(isinstance(v, torch.Tensor) for v in torch.utils._pytree.tree_leaves(node.meta.get("val")))
 
 
 class _BaselineChecked:

@@ -136,6 +136,27 @@ def test_graph_without_inputs():
     assert backend.stats.runs == 1
 
 
+def test_graph_with_nothing_for_onnxruntime_runs_in_torch_without_a_warning(monkeypatch):
+    # Dynamo cuts a graph between a check and a graph break whose results are none or only
+    # its arguments (torchvision's detection models have them): no session, no warning
+    warnings = []
+    monkeypatch.setattr(ortlite.dynamo_backend, "warn_once", warnings.append)
+
+    def fn(x):
+        x.new_zeros(x.shape)  # dead: the graph returns nothing
+        torch._assert(x.shape[0] > 0, "rows")
+        torch._dynamo.graph_break()
+        return x + 1
+
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n)
+        assert_same(compiled(x), fn(x))
+    assert warnings == []
+    assert backend.stats.graphs == 1 and backend.stats.fallback_ops == {}
+
+
 def test_op_without_lowering_falls_back_and_is_counted(ortlite_log):
     # a custom op has no lowering: it must run in torch, correctly, between ORT graphs
     fn = lambda x: torch.relu(opaque(x * 2)) + 1  # noqa: E731
