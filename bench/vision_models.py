@@ -6,6 +6,7 @@ own lowering and sessions), and the results against eager. Issue 33's held-out s
     python bench/vision_models.py --models swin_t,twins --dynamic auto
     python bench/vision_models.py --models fasterrcnn               # boxes, scores, labels vs eager
     python bench/vision_models.py --backend eager                   # Dynamo alone, for comparison
+    python bench/vision_models.py --nesting 6 --backend eager       # plain torch: no torchvision needed
 
 Needs torchvision (and timm for twins); torchvision must match the installed torch (PyPI's
 torchvision wheels need their own torch: a separate venv, e.g. torch 2.14.1 + torchvision
@@ -21,6 +22,11 @@ tracing, guards, the run itself).
 sizes 0 and 1 still specialize, so batch 1 compiles a graph of its own), "auto" (Dynamo's
 automatic dynamic: the first call static, the second size seen symbolic in that dim only),
 "false" (static: one compile per batch size).
+
+--nesting N: what makes MaxViT's compile never end, in plain torch: 1 to N round trips of a
+window partition (reshape(B, C, H // 7, 7, W // 7, 7), permute, reshape) and its reverse,
+compiled with dynamic=True; Dynamo's time about triples with each (torch 2.13.0,
+backend="eager": 1.4, 2.4, 5.9, 14, 42, 142 CPU seconds).
 
 Faster R-CNN: torchvision's random init is degenerate (backbone activations ~1e-8, every
 score equal), which makes its boxes depend on float rounding: eager on 1 thread and on 2
@@ -198,6 +204,33 @@ def run_one(args) -> None:
         print(json.dumps({"stats": {"graphs": stats.graphs, "sessions": stats.sessions, "fallback_ops": stats.fallback_ops}}), flush=True)
 
 
+def nesting(rounds: int, backend: str) -> None:
+    """Compile time of 1..rounds window partition round trips under dynamic=True."""
+    import torch
+
+    p = 7
+
+    def round_trips(k):
+        def f(x):
+            for _ in range(k):
+                B, C, H, W = x.shape
+                windows = x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1).reshape(B, (H // p) * (W // p), p * p, C)
+                x = (windows * 2).reshape(B, H // p, W // p, p, p, C).permute(0, 5, 1, 3, 2, 4).reshape(B, C, (H // p) * p, (W // p) * p)
+            return x
+
+        return f
+
+    for k in range(1, rounds + 1):
+        torch._dynamo.reset()
+        f = round_trips(k)
+        compiled = torch.compile(f, backend=backend, dynamic=True)
+        x = torch.rand(2, 8, 56, 56)
+        start = time.process_time()
+        got = compiled(x)
+        seconds = time.process_time() - start
+        print(f"  {k} round trip(s): {seconds:.2f} s CPU, {'same as eager' if torch.equal(got, f(x)) else 'DIFFERS from eager'}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
@@ -207,9 +240,14 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="ortlite", help="ortlite, or a torch backend name for comparison (eager, aot_eager)")
     parser.add_argument("--timeout-s", type=float, default=1200.0, help="per model, wall clock")
     parser.add_argument("--default-init", action="store_true", help="fasterrcnn: torchvision's own random init (degenerate)")
+    parser.add_argument("--nesting", type=int, help="instead of the models: plain torch window partition round trips 1..N (see above)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the subprocess's model
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
+    if args.nesting:
+        print(f"window partition round trips, dynamic=True, backend={args.backend}:")
+        nesting(args.nesting, args.backend)
+        return 0
     if args.one:
         args.model = args.one
         args.size = args.size or DEFAULT_SIZE[args.model]

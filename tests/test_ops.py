@@ -260,6 +260,27 @@ def test_matmul_empty_and_batched_broadcast():
     check_lowered(lambda a, b: a @ b, f32(3, 0), f32(0, 5))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_matmul_over_a_symbolic_inner_dim_that_may_be_0(dtype):
+    # k from a tensor (unbacked): one graph for every k, 0 included; mm and bmm run in ONNX
+    # Runtime (not left to torch), zeros where k is 0
+    def fn(a, b, t):
+        k = t.item()
+        torch._check(k >= 0)
+        torch._check(k <= a.shape[1])
+        torch._check(k <= b.shape[0])
+        return a[:, :k] @ b[:k], torch.bmm(a[None, :, :k].expand(2, -1, -1), b[None, :k].expand(2, -1, -1))
+
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    a, b = torch.randn(4, 5).to(dtype), torch.randn(5, 6).to(dtype)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for k in (3, 0, 5, 0, 2):
+            assert_same(compiled(a, b, torch.tensor(k)), fn(a, b, torch.tensor(k)))
+    assert len(backend.graph_reports) == 1  # one aten graph for every k
+    assert not {"aten.mm.default", "aten.bmm.default"} & set(backend.stats.fallback_ops), backend.stats.fallback_ops
+
+
 def test_linear():
     lin = torch.nn.Linear(4, 5)
     check_lowered(lambda x: lin(x), f32(3, 4))

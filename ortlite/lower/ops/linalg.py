@@ -28,11 +28,19 @@ def _zeros(g, node):
     return g.op("Expand", g.const(0, out_dtype(node)), g.ints(out_shape(node)))
 
 
-@lower(aten.mm.default, aten.bmm.default, check=_inner_check)
+@lower(aten.mm.default, aten.bmm.default)
 def mm(g, node, a, b):
     if _empty_inner(a):
         # ONNX Runtime's MatMul over an empty inner dim leaves a bound output unwritten
         return _zeros(g, node)
+    if not isinstance(a.shape[-1], int) and may_be_zero(a.shape[-1]):
+        # a symbolic inner dim whose bounds reach 0 (a window's size after a padded window
+        # partition: Hp // (Hp // 3), the split torch's view meta computes): checked at run
+        # time, zeros where an operand is empty (an empty result either way where M or N is 0)
+        zero = g.const(0, torch.int64)
+        empty = g.op("Or", g.op("Equal", g.op("Size", a), zero), g.op("Equal", g.op("Size", b), zero))
+        (out,) = g.if_(empty, lambda br: [_zeros(br, node)], lambda br: [br.op("MatMul", a, b)], [Value("", out_dtype(node), ())])
+        return out
     return g.op("MatMul", a, b)
 
 
