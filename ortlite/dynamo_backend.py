@@ -13,6 +13,7 @@ import re
 
 import torch
 import torch.fx
+import torch.fx.experimental._config
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -84,6 +85,49 @@ def _module_path(node: torch.fx.Node) -> str:
     return next(reversed(stack.values()), ("",))[0] if stack else ""
 
 
+# A symbolic size whose expression tree has at least NESTED_SIZE_NODES nodes, NESTED_SIZE_RATIO
+# times its distinct sub-expressions or more, was built by torch's fake views nesting floor
+# divisions block after block (window partitions under dynamic=True: the tree triples per
+# partition round trip); torch's compile time grows with it (docs/dynamic-shapes.md).
+NESTED_SIZE_NODES = 150
+NESTED_SIZE_RATIO = 8
+NESTED_SIZE_WARNING = (
+    "this graph's symbolic sizes are nested floor divisions that repeat themselves (window partitions "
+    "under dynamic=True?): torch's compile time grows about 3x per partition round trip; "
+    "torch.fx.experimental._config.backed_size_oblivious = True keeps them small "
+    "(docs/dynamic-shapes.md, 'Symbolic image sizes')"
+)
+
+
+def nested_size(gm: torch.fx.GraphModule, bound: int = 100_000) -> tuple[int, int] | None:
+    """(tree nodes, distinct sub-expressions) of the first symbolic size of gm's tensors past
+    NESTED_SIZE_NODES and NESTED_SIZE_RATIO, or None. At compile time only; a tree is walked
+    at most `bound` nodes."""
+    import sympy
+
+    seen = set()
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if not isinstance(value, torch.Tensor):
+            continue
+        for size in value.shape:
+            if not isinstance(size, torch.SymInt):
+                continue
+            expr = size.node.expr
+            if expr in seen or not isinstance(expr, sympy.Basic) or not expr.args:
+                continue
+            seen.add(expr)
+            nodes, distinct = 0, set()
+            for sub in sympy.preorder_traversal(expr):
+                nodes += 1
+                distinct.add(sub)
+                if nodes >= bound:
+                    break
+            if nodes >= NESTED_SIZE_NODES and nodes >= NESTED_SIZE_RATIO * len(distinct):
+                return nodes, len(distinct)
+    return None
+
+
 MUTATED_KEY = "ortlite_mutated"
 
 
@@ -152,6 +196,9 @@ class Backend:
             raise TypeError(f"ortlite backend: unexpected arguments {sorted(kwargs)}")
         if options:
             return self.for_options(options)(gm, example_inputs)
+        if not torch.fx.experimental._config.backed_size_oblivious and (found := nested_size(gm)):
+            log.debug("a symbolic size of %d nodes over %d distinct sub-expressions", *found)
+            warn_once(NESTED_SIZE_WARNING)
         # Dynamo's example inputs are the real tensors (parameters included): the inference
         # compiler freezes weights from them, and reads from gm which floats are attributes.
         # Held only while aot_autograd compiles.

@@ -286,3 +286,47 @@ def test_detection_box_decoding_and_filtering_over_changing_sizes():
 
     sizes = [(20, 30, 40), (33, 41, 37), (50, 64, 20)]
     _compile_loop(DecodeAndFilter().eval(), make, sizes)
+
+
+# -- Window partition round trips: the compile time that triples per block -------------
+
+
+def _window_round_trips(k, p=7):
+    def f(x):
+        for _ in range(k):
+            B, C, H, W = x.shape
+            w = x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1).reshape(B, (H // p) * (W // p), p * p, C)
+            x = (w * 2).reshape(B, H // p, W // p, p, p, C).permute(0, 5, 1, 3, 2, 4).reshape(B, C, (H // p) * p, (W // p) * p)
+        return x
+
+    return f
+
+
+def test_nested_window_sizes_warn_once_and_backed_size_oblivious_keeps_them_small(ortlite_log):
+    """torch's fake view derives a window partition's sizes by floor divisions of the input's
+    (W // (W // 7) for 7), and each round trip triples the width's expression tree: ortlite
+    says so once, with the torch option that keeps the sizes as asked (docs/dynamic-shapes.md)."""
+    import torch.fx.experimental._config as fx_config
+
+    warned = lambda: [r for r in ortlite_log.records if "backed_size_oblivious" in r.getMessage()]
+    x = torch.rand(2, 4, 56, 42)
+    torch._dynamo.reset()
+    f = _window_round_trips(2)  # a tree of 63 nodes: no warning
+    assert_same(torch.compile(f, backend=ortlite.Backend(), dynamic=True)(x), f(x))
+    assert not warned()
+    torch._dynamo.reset()
+    f = _window_round_trips(3)  # 195 nodes over 16 distinct sub-expressions
+    assert_same(torch.compile(f, backend=ortlite.Backend(), dynamic=True)(x), f(x))
+    assert len(warned()) == 1
+
+    ortlite_log.clear()
+    torch._dynamo.reset()
+    f = _window_round_trips(8)  # hours without the option
+    backend = ortlite.Backend()
+    compiled = torch.compile(f, backend=backend, dynamic=True)
+    ortlite.logs._warned.clear()
+    with fx_config.patch(backed_size_oblivious=True):
+        for shape in ((2, 4, 56, 42), (3, 4, 70, 63)):
+            x = torch.rand(shape)
+            assert_same(compiled(x), f(x))
+    assert backend.stats.graphs == 1 and not warned()
