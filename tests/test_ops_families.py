@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import ortlite
-from conftest import check_fallback, check_lowered
+from conftest import assert_same, check_fallback, check_lowered
 
 torch.manual_seed(0)
 
@@ -533,6 +533,30 @@ def test_grid_sample(mode, padding_mode, align_corners):
     if mode != "bicubic":
         grid3 = torch.rand(1, 3, 4, 2, 3) * 2.4 - 1.2
         check_lowered(lambda x, g: F.grid_sample(x, g, mode, padding_mode, align_corners), f32(1, 2, 4, 5, 3), grid3)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "reflection"])
+def test_grid_sample_over_sizes_that_may_be_0(mode, padding_mode):
+    # rows and channels from a tensor (unbacked, 0 included; torch's grid_sample meta guards on
+    # some, so a few graphs): the grid_sample runs in ONNX Runtime (not left to torch), an
+    # empty output where one is 0
+    def fn(x, grid, r, c):
+        rows, channels = r.item(), c.item()
+        torch._check(rows >= 0)
+        torch._check(rows <= grid.shape[1])
+        torch._check(channels >= 0)
+        torch._check(channels <= x.shape[1])
+        return F.grid_sample(x[:, :channels], grid[:, :rows], mode, padding_mode, align_corners=True) * 2
+
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    x, grid = f32(2, 3, 5, 6), torch.rand(2, 4, 3, 2) * 2.4 - 1.2
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for rows, channels in ((3, 2), (0, 2), (4, 0), (2, 3)):
+            r, c = torch.tensor(rows), torch.tensor(channels)
+            assert_same(compiled(x, grid, r, c), fn(x, grid, r, c))
+    assert "aten.grid_sampler_2d.default" not in backend.stats.fallback_ops, backend.stats.fallback_ops
 
 
 def test_more_elementwise_and_cumulative():

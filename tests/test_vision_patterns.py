@@ -330,3 +330,26 @@ def test_nested_window_sizes_warn_once_and_backed_size_oblivious_keeps_them_smal
             x = torch.rand(shape)
             assert_same(compiled(x), f(x))
     assert backend.stats.graphs == 1 and not warned()
+
+
+def test_correlation_lookup_lowers_under_backed_size_oblivious():
+    """RAFT's correlation lookup: grid_sample on a volume whose sizes are products of pooled
+    sizes. Under backed_size_oblivious input sizes range from 0, and asking numel() == 0
+    needed a guard, which left every grid_sample to torch; may_be_empty asks without one."""
+    import torch.fx.experimental._config as fx_config
+
+    def lookup(fmap, coords):
+        B, C, H, W = fmap.shape
+        f = F.avg_pool2d(fmap, 2)
+        h, w = f.shape[-2:]
+        corr = (f.flatten(2).transpose(1, 2) @ f.flatten(2)).reshape(B * h * w, 1, h, w)
+        grid = coords[:, :h, :w].reshape(B * h * w, 1, 1, 2)
+        return F.grid_sample(corr, grid, align_corners=True).reshape(B, h, w)
+
+    backend = ortlite.Backend()
+    compiled = torch.compile(lookup, backend=backend, dynamic=True)
+    with fx_config.patch(backed_size_oblivious=True), torch.no_grad():
+        for B, H, W in ((2, 12, 16), (3, 10, 14)):
+            fmap, coords = torch.randn(B, 4, H, W), torch.rand(B, H, W, 2) * 2.2 - 1.1
+            assert_same(compiled(fmap, coords), lookup(fmap, coords), atol=1e-5, rtol=1e-4)
+    assert backend.stats.fallback_ops == {}, backend.stats.fallback_ops

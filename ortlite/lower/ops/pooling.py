@@ -12,7 +12,7 @@ import torch
 from ..builder import TORCH_TO_ONNX, Value, sym_expr
 from ..registry import lower, meta
 from . import windows
-from .common import any_true, aten, indices_used, arg_val, is_float, is_static, known_empty, may_be_zero, out_shape
+from .common import any_true, aten, indices_used, arg_val, is_float, is_static, known_empty, may_be_zero, out_dtype, out_shape
 
 
 def _tuple(v, n: int) -> list[int]:
@@ -650,7 +650,10 @@ GRID_PADDING = {0: "zeros", 1: "border", 2: "reflection"}
 
 def _grid_check(node):
     x = arg_val(node, 0)
-    if not is_float(x.dtype) or x.numel() == 0 or arg_val(node, 1).numel() == 0:
+    # known_empty compares static sizes only: numel() == 0 would add a guard on symbolic ones,
+    # which fails under backed_size_oblivious (input sizes from 0); those may-be-empty sizes
+    # are checked at run time instead (grid_sampler)
+    if not is_float(x.dtype) or known_empty(x.shape) or known_empty(arg_val(node, 1).shape):
         return "non-float or empty input"
     if node.args[2] not in GRID_MODES or node.args[3] not in GRID_PADDING:
         return "interpolation or padding mode"
@@ -659,6 +662,26 @@ def _grid_check(node):
 
 @lower(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, check=_grid_check)
 def grid_sampler(g, node, x, grid, interpolation_mode, padding_mode, align_corners):
+    xv, gridv = arg_val(node, 0), arg_val(node, 1)
+    if may_be_zero(xv.shape[1]) or any(may_be_zero(d) for d in gridv.shape[:-1]):
+        # a symbolic size whose bounds reach 0 (RAFT's pooled correlation levels under
+        # backed_size_oblivious): an empty output where the grid or the channels are empty, as
+        # torch gives (ONNX Runtime's GridSample and this lowering's NaN handling fail on those)
+        zero = g.const(0, torch.int64)
+        channels = g.op("Gather", g.op("Shape", x), g.const(1, torch.int64), axis=0)
+        empty = g.op("Or", g.op("Equal", g.op("Size", grid), zero), g.op("Equal", channels, zero))
+        dtype = out_dtype(node)
+        (out,) = g.if_(
+            empty,
+            lambda br: [br.op("Expand", br.const(0, dtype), br.ints(out_shape(node)))],
+            lambda br: [_grid_sample(br, x, grid, interpolation_mode, padding_mode, align_corners)],
+            [Value("", dtype, ())],
+        )
+        return out
+    return _grid_sample(g, x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+def _grid_sample(g, x, grid, interpolation_mode, padding_mode, align_corners):
     grid = g.cast(grid, x.dtype)
     mode, padding = GRID_MODES[interpolation_mode], GRID_PADDING[padding_mode]
     nan = g.op("IsNaN", grid)
