@@ -197,9 +197,8 @@ class Backend:
             raise TypeError(f"ortlite backend: unexpected arguments {sorted(kwargs)}")
         if options:
             return self.for_options(options)(gm, example_inputs)
-        if not torch.fx.experimental._config.backed_size_oblivious and (found := nested_size(gm)):
-            log.debug("a symbolic size of %d nodes over %d distinct sub-expressions", *found)
-            warn_once(NESTED_SIZE_WARNING)
+        if not torch.fx.experimental._config.backed_size_oblivious:
+            self._warn_if_sizes_nest(gm)
         # Dynamo's example inputs are the real tensors (parameters included): the inference
         # compiler freezes weights from them, and reads from gm which floats are attributes.
         # Held only while aot_autograd compiles.
@@ -214,6 +213,17 @@ class Backend:
             )(gm, example_inputs)
         finally:
             dynamo_graph.clear()
+
+    @staticmethod
+    def _warn_if_sizes_nest(gm: torch.fx.GraphModule) -> None:
+        try:
+            found = nested_size(gm)
+        except Exception:  # a diagnostic: never the reason a compile fails
+            log.debug("nested_size failed", exc_info=True)
+            return
+        if found:
+            log.debug("a symbolic size of %d nodes over %d distinct sub-expressions", *found)
+            warn_once(NESTED_SIZE_WARNING)
 
     def for_options(self, options: Options | dict) -> "Backend":
         """The Backend (cached) for options passed through torch.compile(options=...)."""
