@@ -321,7 +321,7 @@ def test_nested_window_sizes_warn_once_and_backed_size_oblivious_keeps_them_smal
 
     ortlite_log.clear()
     torch._dynamo.reset()
-    f = _window_round_trips(8)  # hours without the option
+    f = _window_round_trips(8)  # tens of minutes without the option
     backend = ortlite.Backend()
     compiled = torch.compile(f, backend=backend, dynamic=True)
     ortlite.logs._warned.clear()
