@@ -401,3 +401,68 @@ def test_mask_argument_checked_per_call(tmp_path):
 
     ops = {n.op_type for p in tmp_path.glob("*.onnx") for n in onnx.load(p).graph.node}
     assert "GroupQueryAttention" in ops, ops
+
+
+class CountedCacheLayers(torch.nn.Module):
+    """Two attentions over static caches, each written at arange(S) + its own length counter (a
+    buffer advanced by S per call, as transformers' StaticCache keeps one per layer), the mask an
+    argument (as HF generate passes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([MaskedCacheAttention() for _ in range(2)])
+        for layer in self.layers:
+            layer.register_buffer("written", torch.tensor(0))
+
+    def forward(self, x, allowed):
+        for layer in self.layers:
+            b, s, _ = x.shape
+            q = layer.q(x).view(b, s, layer.heads, layer.head).transpose(1, 2)
+            k = layer.k(x).view(b, s, layer.kv_heads, layer.head).transpose(1, 2)
+            v = layer.v(x).view(b, s, layer.kv_heads, layer.head).transpose(1, 2)
+            positions = torch.arange(s) + layer.written
+            layer.written.add_(s)
+            layer.keys.index_copy_(2, positions, k)
+            layer.values.index_copy_(2, positions, v)
+            r = layer.heads // layer.kv_heads
+            kc = layer.keys[:, :, None].expand(b, layer.kv_heads, r, layer.length, layer.head).reshape(b, layer.heads, layer.length, layer.head)
+            vc = layer.values[:, :, None].expand(b, layer.kv_heads, r, layer.length, layer.head).reshape(b, layer.heads, layer.length, layer.head)
+            out = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=allowed)
+            x = x + out.transpose(1, 2).reshape(b, s, -1)
+        return x
+
+
+@pytest.mark.parametrize("skew", [False, True])
+def test_cache_offsets_read_as_one_checked_per_call(tmp_path, skew):
+    """Caches written at arange(S) + a counter of their own (one per layer, arguments under
+    torch.compile): the later counters are read as the first, with one check per call that they
+    are equal, and each layer's position, mask and length checks are kept once; the values are
+    eager's. skew: a counter that differs from the first fails the check, and the cache writes
+    run in torch from then on, eager's values all the same."""
+    import onnx
+
+    module, eager_module = CountedCacheLayers().eval(), CountedCacheLayers().eval()
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(dump_dir=str(tmp_path)))
+    compiled = torch.compile(module, backend=backend)
+    start = 0
+    with torch.no_grad():
+        for i, length in enumerate((5, 1, 1, 1, 1)):
+            if skew and i == 3:  # the second layer's counter one ahead of the first's
+                for m in (module, eager_module):
+                    m.layers[1].written.add_(1)
+            mask = (torch.arange(24)[None, :] <= torch.arange(start, start + length)[:, None])[None, None]
+            x = torch.randn(1, length, 64)
+            assert_same(compiled(x, mask), eager_module(x, mask), rtol=1e-5, atol=1e-5)
+            for a, b in zip(module.buffers(), eager_module.buffers()):
+                assert_same(a, b, rtol=1e-6, atol=1e-6)
+            start += length
+    index_copy = "aten.index_copy.default"
+    assert (index_copy in backend.stats.fallback_ops) == skew, backend.stats.fallback_ops
+    models = [onnx.load(p) for p in tmp_path.glob("*.onnx")]
+    decode = [m for m in models if sum(n.op_type == "GroupQueryAttention" for n in m.graph.node) == 2]
+    assert decode, [sorted({n.op_type for n in m.graph.node}) for m in models]
+    outputs = [o.name for o in decode[0].graph.output]
+    assert sum(n.name.endswith("_offsets_equal") for n in decode[0].graph.node) == 1  # one check of the counters
+    assert sum(o.startswith("reducemax") for o in outputs) == 1, outputs  # the positions' range checked once
+    assert sum(o.endswith("_not_causal") for o in outputs) == 1, outputs  # the mask checked once, not per layer

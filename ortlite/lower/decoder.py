@@ -323,6 +323,72 @@ def _checked_positions(g: _Graph, indices: str, failures: set, length: int, valu
     return (found, g.root(where.input[2])) if value and found else found
 
 
+def shared_cache_offsets(graph: onnx.GraphProto, known: dict[str, tuple], failures: set, checks: list) -> int:
+    """Caches written at checked positions arange(S) + p (see _checked_positions) whose offsets
+    p are distinct 0-d int64 graph inputs (transformers' StaticCache keeps a length counter per
+    layer, all equal as generate runs; under torch.compile they are arguments): every read of
+    every offset reads one value instead, Gather([p0], Cast(Not(Equal(p1, p0) And Equal(p2, p0)
+    ...))): p0 where all are equal, and where one differs an index out of bounds, for which ONNX
+    Runtime fails the run at that node, before any node reading an offset (the cache writes,
+    in place) has run: the run fails to torch (Backend._after_run_failure: that node's origin,
+    the cache write, runs in torch from then on; ortlite.compile raises). Where it runs, every
+    value is the one the graph computed before; each layer's positions, their range check, its
+    attention's lengths and mask check are then computed alike, once (ONNX Runtime's common
+    subexpression elimination; ortlite's repeated_checks for the failure outputs). Offsets read
+    inside a subgraph are left. failures: names of the conditions that make the call raise.
+    checks (a list): (the Gather's node name, a ScatterElements' name whose origin it takes) is
+    appended. Returns the number of offsets read as one."""
+    g = _Graph(graph, known)
+    offsets: dict[str, str] = {}  # offset -> the first ScatterElements writing at arange(S) + it
+    for node in graph.node:
+        if node.op_type != "ScatterElements" or node.domain not in ("", "ai.onnx") or node.input[0] not in g.inputs:
+            continue
+        shape = g.shape(node.input[0])
+        if not shape or len(shape) != 4 or not isinstance(shape[2], int):
+            continue
+        found = _checked_positions(g, node.input[1], failures, shape[2])
+        p = found[1] if found else None
+        if p in g.inputs and g.known.get(p) == (torch.int64, ()):
+            offsets.setdefault(p, node.name)
+    branch_reads = set()
+    for n in graph.node:
+        for a in n.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                branch_reads |= set().union(*(_reads(m) for m in sub.node))
+    shared = [p for p in offsets if p not in branch_reads]
+    if len(shared) < 2:
+        return 0
+    fresh, constant = _new_values(graph, "ortlite_offsets")
+    first, one = shared[0], fresh("ortlite_cache_offset")
+    for n in graph.node:
+        for k, x in enumerate(n.input):
+            if x in shared:
+                n.input[k] = one
+    nodes, same = [], None
+    for p in shared[1:]:
+        equal = fresh(f"{p}_equals_{first}")
+        nodes.append(helper.make_node("Equal", [p, first], [equal]))
+        if same is not None:
+            both = fresh(f"{equal}_and")
+            nodes.append(helper.make_node("And", [same, equal], [both]))
+            equal = both
+        same = equal
+    differ, index, row = fresh("ortlite_cache_offsets_differ"), fresh("ortlite_cache_offsets_index"), fresh(f"{first}_row")
+    name = fresh(f"{offsets[shared[1]]}_offsets_equal")
+    nodes += [
+        helper.make_node("Not", [same], [differ]),
+        helper.make_node("Cast", [differ], [index], to=TensorProto.INT64),
+        helper.make_node("Reshape", [first, constant([1])], [row]),
+        helper.make_node("Gather", [row, index], [one], name=name, axis=0),  # (index 1 of 1 element: the run fails here)
+    ]
+    nodes += list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    known[one] = (torch.int64, ())
+    checks.append((name, offsets[shared[1]]))
+    return len(shared)
+
+
 def proven_attention_masks(
     graph: onnx.GraphProto, known: dict[str, tuple], failures: set, runtime_checks: list | None = None, checked_masks: dict | None = None
 ) -> int:
