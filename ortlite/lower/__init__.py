@@ -242,8 +242,10 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     shield_range_gathers(model.graph)
     # q, k and v packed where they feed GroupQueryAttention (packing the MLP's gate and up measured
     # 1-5% slower a decode step with quantized weights: the Split costs what the call saves)
-    if decoder_ops and packed_products(model.graph, known, into=("GroupQueryAttention",)):
-        rotary_inside_attention(model.graph, known, model.opset_import)
+    # (frozen weights: packed where ONNX Runtime folds them, unless quantize needs them as they are)
+    frozen_names = frozenset(s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR) if quantize is None else frozenset()
+    if decoder_ops and packed_products(model.graph, known, into=("GroupQueryAttention",), frozen=frozen_names):
+        rotary_inside_attention(model.graph, known, model.opset_import, frozen_names)
     prelude = None
     if hoisting:
         weights = [s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR and s.device.type == "cpu" and s.dtype in PRELUDE_WEIGHT_DTYPES]
