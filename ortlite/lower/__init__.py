@@ -205,8 +205,10 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
     # a static cache's offsets (a counter per layer) read as one, checked equal per call: before
     # the failures are made outputs, so that each layer's checks are then alike and kept once
+    # (CPU graphs alone: the check is an index out of bounds, which ONNX Runtime's CPU Gather refuses)
     offset_checks: list = []
-    shared_cache_offsets(model.graph, known, {c for c, _, kind in g.failures if kind != TO_TORCH}, offset_checks)
+    if all(s.device.type == "cpu" for s in inputs if s.kind == TENSOR and s.device is not None):
+        shared_cache_offsets(model.graph, known, {c for c, _, kind in g.failures if kind != TO_TORCH}, offset_checks)
     for check, write in offset_checks:  # (a run failing there: the cache write runs in torch)
         g.node_origin[check] = g.node_origin.get(write, "")
     failures = []
