@@ -330,19 +330,21 @@ def shared_cache_offsets(graph: onnx.GraphProto, known: dict[str, tuple], failur
     rotary embeddings are computed from given as graph inputs P (1, S) or (S,) (position_ids,
     which generate makes arange(S) + p): every read of every offset reads one value instead,
     and every read of P reads arange(S) + that value, through
-        Gather([p0], Cast(Not(p1 == p0 And p2 == p0 ... And all(P == arange(S) + p0))))
+        Gather([p0], Cast(Not(p1 == p0 And p2 == p0 ...)))          (the offsets: a cache write's origin)
+        Gather([that], Cast(Not(all(P == arange(S) + p0) ...)))    (P: a Cos or Sin's origin)
     p0 where all hold; where one fails, an index out of bounds, for which ONNX Runtime fails the
     run at that node, before any node reading an offset or P (the cache writes, in place) has
-    run: the run fails to torch (Backend._after_run_failure: the node's origin, a cache write,
-    runs in torch from then on; ortlite.compile raises). Where it runs, every value is the one
+    run: the run fails to torch (Backend._after_run_failure: that Gather's origin runs in torch
+    from then on, the cache writes or the rotary tables (the graph compiled again then reads the
+    offsets as one still); ortlite.compile raises). Where it runs, every value is the one
     the graph computed before; each layer's positions, their range check, its attention's
     lengths and mask check are then computed alike, once (ONNX Runtime's common subexpression
     elimination; ortlite's repeated_checks for the failure outputs), and rotary_inside_attention
     sees the rotary's positions as the attention's. P: graph inputs a Cos or Sin is computed from
     (see _rotary_position_inputs). Offsets and P read inside a subgraph are
     left; P only where S is a number. failures: names of the conditions that make the call
-    raise. checks (a list): (the Gather's node name, a ScatterElements' name whose origin it
-    takes) is appended. Returns the number of offsets and P read so."""
+    raise. checks (a list): (each Gather's node name, the ONNX node whose origin it takes) is
+    appended. Returns the number of offsets and P read so."""
     g = _Graph(graph, known)
     offsets: dict[str, tuple] = {}  # offset -> (the first ScatterElements writing at arange(S) + it, S)
     for node in graph.node:
@@ -363,24 +365,23 @@ def shared_cache_offsets(graph: onnx.GraphProto, known: dict[str, tuple], failur
     shared = [p for p in offsets if p not in branch_reads]
     sizes = {offsets[p][1] for p in shared}
     size = sizes.pop() if len(sizes) == 1 and isinstance(next(iter(sizes)), int) else None
-    given = [] if size is None else [x for x in _rotary_position_inputs(g, size) if x not in branch_reads]
+    given, cos = _rotary_position_inputs(g, size) if size is not None else ([], None)
+    given = [x for x in given if x not in branch_reads]
     if not shared or len(shared) + len(given) < 2:
         return 0
     fresh, constant = _new_values(graph, "ortlite_offsets")
     first, one = shared[0], fresh("ortlite_cache_offset")
-    made: dict[str, str] = {}  # P -> arange(S) + one, P's shape
-    for x in given:
-        made[x] = fresh(f"{x}_positions")
+    made = {x: fresh(f"{x}_positions") for x in given}  # P -> arange(S) + one, in P's shape
     for n in graph.node:
         for k, x in enumerate(n.input):
             if x in shared:
                 n.input[k] = one
             elif x in made:
                 n.input[k] = made[x]
-    nodes, conditions = [], []
+    nodes = []
 
-    def op(op_type, *inputs, **attrs):
-        out = fresh(f"ortlite_offsets_{op_type.lower()}")
+    def op(op_type, *inputs, out=None, **attrs):
+        out = out or fresh(f"ortlite_offsets_{op_type.lower()}")
         nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
         return out
 
@@ -388,23 +389,25 @@ def shared_cache_offsets(graph: onnx.GraphProto, known: dict[str, tuple], failur
         """arange(S) + p in x's shape."""
         vector = op("Add", constant(np.arange(size, dtype=np.int64)), p)
         known[vector] = (torch.int64, (size,))
-        if len(known[x][1]) == 1:
-            return op("Identity", vector) if out is None else nodes.append(helper.make_node("Identity", [vector], [out]))
-        if out is None:
-            return op("Unsqueeze", vector, constant([0]))
-        nodes.append(helper.make_node("Unsqueeze", [vector, constant([0])], [out]))
+        return op("Identity", vector, out=out) if len(known[x][1]) == 1 else op("Unsqueeze", vector, constant([0]), out=out)
 
-    for p in shared[1:]:
-        conditions.append(op("Equal", p, first))
-    for x in given:
-        equal = op("Cast", op("Equal", x, positions(first, x)), to=TensorProto.INT32)
-        conditions.append(op("Cast", op("ReduceMin", equal, keepdims=0), to=TensorProto.BOOL))
-    same = conditions[0]
-    for c in conditions[1:]:
-        same = op("And", same, c)
-    index = op("Cast", op("Not", same), to=TensorProto.INT64)
-    name = fresh(f"{offsets[first][0]}_offsets_equal")
-    nodes.append(helper.make_node("Gather", [op("Reshape", first, constant([1])), index], [one], name=name, axis=0))  # (index 1 of 1 element: the run fails here)
+    gates = []  # (conditions, the ONNX node whose origin runs in torch where one is false, tag)
+    if len(shared) > 1:
+        gates.append(([op("Equal", p, first) for p in shared[1:]], offsets[shared[-1]][0], "offsets_equal"))
+    if given:
+        equal = [op("Cast", op("Equal", x, positions(first, x)), to=TensorProto.INT32) for x in given]
+        gates.append(([op("Cast", op("ReduceMin", e, keepdims=0), to=TensorProto.BOOL) for e in equal], cos, "positions_equal"))
+    value = first
+    for k, (conditions, origin, tag) in enumerate(gates):
+        same = conditions[0]
+        for c in conditions[1:]:
+            same = op("And", same, c)
+        index = op("Cast", op("Not", same), to=TensorProto.INT64)
+        name = fresh(f"{origin}_{tag}")
+        out = one if k == len(gates) - 1 else fresh(f"ortlite_cache_offset_{tag}")
+        nodes.append(helper.make_node("Gather", [op("Reshape", value, constant([1])), index], [out], name=name, axis=0))  # (index 1 of 1 element: the run fails here)
+        checks.append((name, origin))
+        value = out
     known[one] = (torch.int64, ())
     for x in given:
         positions(one, x, made[x])
@@ -412,28 +415,32 @@ def shared_cache_offsets(graph: onnx.GraphProto, known: dict[str, tuple], failur
     nodes += list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
-    checks.append((name, offsets[shared[-1]][0]))
     return len(shared) + len(given)
 
 
-def _rotary_position_inputs(g: _Graph, size: int) -> list:
-    """The int64 graph inputs (1, size) or (size,) that a Cos or Sin (a rotary embedding's
-    tables, as ortlite lowers aten) is computed from."""
-    found, seen = [], set()
-    stack = [n.input[0] for n in g.graph.node if n.op_type in ("Cos", "Sin") and n.domain in ("", "ai.onnx")]
-    while stack:
-        v = stack.pop()
-        if v in seen or not v:
+def _rotary_position_inputs(g: _Graph, size: int):
+    """(the int64 graph inputs (1, size) or (size,) that a Cos or Sin (a rotary embedding's
+    tables, as ortlite lowers aten) is computed from, the ONNX name of one such Cos or Sin)."""
+    found, seen, reached = [], set(), None
+    for n in g.graph.node:
+        if n.op_type not in ("Cos", "Sin") or n.domain not in ("", "ai.onnx"):
             continue
-        seen.add(v)
-        if v in g.inputs:
-            if g.known.get(v, (None,))[0] == torch.int64 and tuple(g.known[v][1]) in ((1, size), (size,)):
-                found.append(v)
-            continue
-        node = g.producer.get(v)
-        if node is not None:
-            stack.extend(node.input)
-    return sorted(found)
+        stack, before = [n.input[0]], len(found)
+        while stack:
+            v = stack.pop()
+            if v in seen or not v:
+                continue
+            seen.add(v)
+            if v in g.inputs:
+                if g.known.get(v, (None,))[0] == torch.int64 and tuple(g.known[v][1]) in ((1, size), (size,)):
+                    found.append(v)
+                continue
+            node = g.producer.get(v)
+            if node is not None:
+                stack.extend(node.input)
+        if len(found) > before and reached is None:
+            reached = n.name
+    return sorted(found), reached
 
 
 def proven_attention_masks(
