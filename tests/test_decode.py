@@ -285,7 +285,7 @@ def test_packed_products_match_eager(monkeypatch):
     with torch.no_grad():
         with monkeypatch.context() as m:  # (compiles pack q, k and v for GroupQueryAttention alone: every product here)
             m.setattr(ortlite.lower, "static_cache_attention", lambda *a: 1)
-            m.setattr(ortlite.lower, "packed_products", lambda graph, known, into=None: decoder.packed_products(graph, known))
+            m.setattr(ortlite.lower, "packed_products", lambda graph, known, into=None, frozen=frozenset(): decoder.packed_products(graph, known, frozen=frozen))
             compiled = ortlite.compile(model, (x,), dynamic_shapes=({0: batch, 1: length},))
         unpacked = ortlite.compile(model, (x,), dynamic_shapes=({0: batch, 1: length},))
     assert "Split" not in ops_of(unpacked)
@@ -298,6 +298,43 @@ def test_packed_products_match_eager(monkeypatch):
             got = compiled(x)
             assert_same(got, model(x), rtol=1e-5, atol=1e-5)
             assert torch.equal(got, unpacked(x))
+
+
+def test_packed_frozen_products_match_eager(monkeypatch):
+    """Under torch.compile (weights frozen at session build, graph inputs when lowered): products
+    packed by a Concat of their weights, which ONNX Runtime folds; eager's values, bit for bit
+    the unpacked graph's; with the weights bound (freeze_weights=False) nothing is packed."""
+    import ortlite.lower
+    from ortlite.lower import decoder
+
+    model = SharedInput().eval()
+    seen = []
+
+    def packing(graph, known, into=None, frozen=frozenset()):
+        seen.append(decoder.packed_products(graph, known, frozen=frozen))
+        return seen[-1]
+
+    with torch.no_grad():
+        with monkeypatch.context() as m:
+            m.setattr(ortlite.lower, "static_cache_attention", lambda *a: 1)
+            m.setattr(ortlite.lower, "packed_products", packing)
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend=ortlite.Backend(ortlite.Options(fallback="error")))
+            x = torch.randn(2, 7, 48)
+            got = compiled(x)
+            bound = torch.compile(copy_module(model), backend=ortlite.Backend(ortlite.Options(fallback="error", freeze_weights=False)))
+            got_bound = bound(x)
+        assert seen == [4, 0], seen  # frozen: four products packed; bound: none
+        unpacked = torch.compile(copy_module(model), backend=ortlite.Backend(ortlite.Options(fallback="error")))
+        assert_same(got, model(x), rtol=1e-5, atol=1e-5)
+        assert torch.equal(got, unpacked(x))  # (bound weights run other kernels than frozen ones: eager's values within rounding)
+        assert_same(got_bound, model(x), rtol=1e-5, atol=1e-5)
+
+
+def copy_module(model):
+    import copy
+
+    return copy.deepcopy(model)
 
 
 class WriteRows(torch.nn.Module):
@@ -401,3 +438,122 @@ def test_mask_argument_checked_per_call(tmp_path):
 
     ops = {n.op_type for p in tmp_path.glob("*.onnx") for n in onnx.load(p).graph.node}
     assert "GroupQueryAttention" in ops, ops
+
+
+class CountedCacheLayers(torch.nn.Module):
+    """Two attentions over static caches, each written at arange(S) + its own length counter (a
+    buffer advanced by S per call, as transformers' StaticCache keeps one per layer), the mask an
+    argument (as HF generate passes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([MaskedCacheAttention() for _ in range(2)])
+        for layer in self.layers:
+            layer.register_buffer("written", torch.tensor(0))
+        head = self.layers[0].head
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, head, 2).float() / head)), persistent=False)
+
+    def forward(self, x, allowed, position_ids=None):
+        """position_ids (1, S): q and k rotated at them (transformers' rotary embedding)."""
+        if position_ids is not None:
+            freqs = position_ids[..., None].float() * self.inv_freq
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+
+            def rotate(t):
+                half = t.shape[-1] // 2
+                return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
+
+        for layer in self.layers:
+            b, s, _ = x.shape
+            q = layer.q(x).view(b, s, layer.heads, layer.head).transpose(1, 2)
+            k = layer.k(x).view(b, s, layer.kv_heads, layer.head).transpose(1, 2)
+            v = layer.v(x).view(b, s, layer.kv_heads, layer.head).transpose(1, 2)
+            if position_ids is not None:
+                q, k = rotate(q), rotate(k)
+            positions = torch.arange(s) + layer.written
+            layer.written.add_(s)
+            layer.keys.index_copy_(2, positions, k)
+            layer.values.index_copy_(2, positions, v)
+            r = layer.heads // layer.kv_heads
+            kc = layer.keys[:, :, None].expand(b, layer.kv_heads, r, layer.length, layer.head).reshape(b, layer.heads, layer.length, layer.head)
+            vc = layer.values[:, :, None].expand(b, layer.kv_heads, r, layer.length, layer.head).reshape(b, layer.heads, layer.length, layer.head)
+            out = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=allowed)
+            x = x + out.transpose(1, 2).reshape(b, s, -1)
+        return x
+
+
+@pytest.mark.parametrize("skew", [False, True])
+def test_cache_offsets_read_as_one_checked_per_call(tmp_path, skew):
+    """Caches written at arange(S) + a counter of their own (one per layer, arguments under
+    torch.compile): the later counters are read as the first, with one check per call that they
+    are equal, and each layer's position, mask and length checks are kept once; the values are
+    eager's. skew: a counter that differs from the first fails the check, and the cache writes
+    run in torch from then on, eager's values all the same."""
+    import onnx
+
+    module, eager_module = CountedCacheLayers().eval(), CountedCacheLayers().eval()
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(dump_dir=str(tmp_path)))
+    compiled = torch.compile(module, backend=backend)
+    start = 0
+    with torch.no_grad():
+        for i, length in enumerate((5, 1, 1, 1, 1)):
+            if skew and i == 3:  # the second layer's counter one ahead of the first's
+                for m in (module, eager_module):
+                    m.layers[1].written.add_(1)
+            mask = (torch.arange(24)[None, :] <= torch.arange(start, start + length)[:, None])[None, None]
+            x = torch.randn(1, length, 64)
+            assert_same(compiled(x, mask), eager_module(x, mask), rtol=1e-5, atol=1e-5)
+            for a, b in zip(module.buffers(), eager_module.buffers()):
+                assert_same(a, b, rtol=1e-6, atol=1e-6)
+            start += length
+    index_copy = "aten.index_copy.default"
+    assert (index_copy in backend.stats.fallback_ops) == skew, backend.stats.fallback_ops
+    models = [onnx.load(p) for p in tmp_path.glob("*.onnx")]
+    decode = [m for m in models if sum(n.op_type == "GroupQueryAttention" for n in m.graph.node) == 2]
+    assert decode, [sorted({n.op_type for n in m.graph.node}) for m in models]
+    outputs = [o.name for o in decode[0].graph.output]
+    assert sum(n.name.endswith("_offsets_equal") for n in decode[0].graph.node) == 1  # one check of the counters
+    assert sum(o.startswith("reducemax") for o in outputs) == 1, outputs  # the positions' range checked once
+    assert sum(o.endswith("_not_causal") for o in outputs) == 1, outputs  # the mask checked once, not per layer
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_given_rotary_positions_read_as_cache_positions(tmp_path, shifted):
+    """Rotary positions given as an argument (HF generate's position_ids) beside per-layer cache
+    counters: read as arange(S) + the counter, checked per call, so q, k and v come from one
+    product of the frozen weights (a Concat ONNX Runtime folds) and GroupQueryAttention rotates
+    them itself, from tables computed from the frozen inv_freq; eager's values. shifted: positions
+    one ahead of the cache's fail the check before any cache write, and the rotary tables (cos)
+    run in torch from then on, eager's values all the same."""
+    import onnx
+
+    module, eager_module = CountedCacheLayers().eval(), CountedCacheLayers().eval()
+    torch._dynamo.reset()
+    backend = ortlite.Backend(ortlite.Options(dump_dir=str(tmp_path)))
+    compiled = torch.compile(module, backend=backend)
+    start = 0
+    with torch.no_grad():
+        for i, length in enumerate((5, 1, 1, 1, 1)):
+            mask = (torch.arange(24)[None, :] <= torch.arange(start, start + length)[:, None])[None, None]
+            positions = torch.arange(start, start + length)[None] + (1 if shifted and i == 3 else 0)
+            x = torch.randn(1, length, 64)
+            assert_same(compiled(x, mask, positions), eager_module(x, mask, positions), rtol=1e-5, atol=1e-5)
+            for a, b in zip(module.buffers(), eager_module.buffers()):
+                assert_same(a, b, rtol=1e-6, atol=1e-6)
+            start += length
+    assert ("aten.cos.default" in backend.stats.fallback_ops) == shifted, backend.stats.fallback_ops
+    assert "aten.index_copy.default" not in backend.stats.fallback_ops, backend.stats.fallback_ops
+    models = [onnx.load(p) for p in sorted(tmp_path.glob("*.onnx"), key=os.path.getmtime)]
+    decode = [m for m in models if sum(n.op_type == "GroupQueryAttention" for n in m.graph.node) == 2]
+    assert decode, [sorted({n.op_type for n in m.graph.node}) for m in models]
+    nodes = decode[0].graph.node
+    attention = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    assert all(onnx.helper.get_attribute_value(a) == 1 for n in attention for a in n.attribute if a.name == "do_rotary"), attention
+    assert all(n.input[1] == "" and n.input[2] == "" for n in attention)  # q, k and v packed
+    assert sum(n.op_type == "MatMul" for n in nodes) == 2, [n.op_type for n in nodes]  # one product of q, k and v per layer
+    assert not any(n.op_type == "RotaryEmbedding" for n in nodes)
+    if shifted:  # compiled again with the rotary tables in torch: the offsets still read as one
+        retry = decode[-1].graph.node
+        assert not any(n.op_type == "Cos" for n in retry) and sum(n.name.endswith("_offsets_equal") for n in retry) == 1

@@ -14,8 +14,8 @@ import torch.fx
 from . import ops  # noqa: F401  (registers the op table)
 from .builder import TO_TORCH, TORCH_TO_ONNX, GraphBuilder, Value, sym_expr
 from .decoder import (
-    packed_products, proven_attention_masks, repeated_checks, rotary_inside_attention, scatters_in_place, skip_simplified_norms,
-    static_cache_attention, unread_inputs_in_place,
+    packed_products, proven_attention_masks, repeated_checks, rotary_inside_attention, scatters_in_place, shared_cache_offsets,
+    skip_simplified_norms, static_cache_attention, unread_inputs_in_place,
 )
 from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
@@ -194,15 +194,6 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
             returns_tuple = isinstance(node.args[0], (tuple, list))
         else:
             raise LoweringError(f"cannot lower FX node {node.format_node()}")
-    failures = []
-    # each check once: a condition computed alike with the same message is the same output
-    repeated = repeated_checks(g.nodes, g.initializers, g.failures)
-    for (condition, message, kind), again in zip(g.failures, repeated):  # extra 0-d bool outputs, read by the runner
-        if again:
-            continue
-        failures.append((len(ort_outputs), message, kind))
-        g.add_output(condition, torch.bool, ())
-        ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
     ranges.update(symbol_ranges or {})
     # MatMulScaleFusion folds a scale into MatMul as a float32 attribute: a float64 graph
     # would then differ from aten by ~1e-8 (seen in attention: scores * 1/sqrt(d)).
@@ -212,11 +203,31 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
         g.add_input(pattern_key, torch.uint8, (sympy.Symbol(pattern_key), 0))
     model = g.model()
     known = {str(v): (v.dtype, v.shape) for v in env.values() if isinstance(v, Value) and isinstance(v.dtype, torch.dtype)}
+    # a static cache's offsets (a counter per layer) read as one, checked equal per call: before
+    # the failures are made outputs, so that each layer's checks are then alike and kept once
+    # (CPU graphs alone: the check is an index out of bounds, which ONNX Runtime's CPU Gather refuses)
+    offset_checks: list = []
+    if all(s.device.type == "cpu" for s in inputs if s.kind == TENSOR and s.device is not None):
+        shared_cache_offsets(model.graph, known, {c for c, _, kind in g.failures if kind != TO_TORCH}, offset_checks)
+    for check, write in offset_checks:  # (a run failing there: the cache write runs in torch)
+        g.node_origin[check] = g.node_origin.get(write, "")
+    failures = []
+    # each check once: a condition computed alike with the same message is the same output
+    repeated = repeated_checks(list(model.graph.node), list(model.graph.initializer), g.failures)
+    for (condition, message, kind), again in zip(g.failures, repeated):  # extra 0-d bool outputs, read by the runner
+        if again:
+            continue
+        failures.append((len(ort_outputs), message, kind))
+        model.graph.output.append(onnx.helper.make_tensor_value_info(condition, onnx.TensorProto.BOOL, []))
+        ort_outputs.append(InputSpec(TENSOR, condition, torch.bool, (), torch.device("cpu")))
     fuse_rms_norm(model.graph, known)
     raising = {ort_outputs[i].name for i, _, kind in failures if kind != TO_TORCH}  # outputs that make the call raise
     runtime_checks, checked_masks = [], {}
     proven_attention_masks(model.graph, known, raising, runtime_checks, checked_masks)
-    for condition, reason, onnx_node in runtime_checks:  # (fail the run where true: that node runs in torch)
+    repeated = repeated_checks(list(model.graph.node), list(model.graph.initializer), [(c, r, TO_TORCH) for c, r, _ in runtime_checks])
+    for (condition, reason, onnx_node), again in zip(runtime_checks, repeated):  # (fail the run where true: that node runs in torch)
+        if again:  # (the same check of another layer's attention: the same op, sent to torch alike)
+            continue
         check = g.fresh(f"{g.node_origin.get(onnx_node, onnx_node)}__FallbackCheck")
         g.node_origin[check] = g.node_origin.get(onnx_node, "")
         failures.append((len(ort_outputs), f"while running FallbackCheck node. Name:'{check}' Status Message: {reason}", TO_TORCH))
@@ -233,8 +244,10 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     shield_range_gathers(model.graph)
     # q, k and v packed where they feed GroupQueryAttention (packing the MLP's gate and up measured
     # 1-5% slower a decode step with quantized weights: the Split costs what the call saves)
-    if decoder_ops and packed_products(model.graph, known, into=("GroupQueryAttention",)):
-        rotary_inside_attention(model.graph, known, model.opset_import)
+    # (frozen weights: packed where ONNX Runtime folds them, unless quantize needs them as they are)
+    frozen_names = frozenset(s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR) if quantize is None else frozenset()
+    if decoder_ops and packed_products(model.graph, known, into=("GroupQueryAttention",), frozen=frozen_names):
+        rotary_inside_attention(model.graph, known, model.opset_import, frozen_names)
     prelude = None
     if hoisting:
         weights = [s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR and s.device.type == "cpu" and s.dtype in PRELUDE_WEIGHT_DTYPES]

@@ -323,6 +323,126 @@ def _checked_positions(g: _Graph, indices: str, failures: set, length: int, valu
     return (found, g.root(where.input[2])) if value and found else found
 
 
+def shared_cache_offsets(graph: onnx.GraphProto, known: dict[str, tuple], failures: set, checks: list) -> int:
+    """Caches written at checked positions arange(S) + p (see _checked_positions) whose offsets
+    p are 0-d int64 graph inputs (transformers' StaticCache keeps a length counter per layer,
+    all equal as generate runs; under torch.compile they are arguments), and the positions
+    rotary embeddings are computed from given as graph inputs P (1, S) or (S,) (position_ids,
+    which generate makes arange(S) + p): every read of every offset reads one value instead,
+    and every read of P reads arange(S) + that value, through
+        Gather([p0], Cast(Not(p1 == p0 And p2 == p0 ...)))          (the offsets: a cache write's origin)
+        Gather([that], Cast(Not(all(P == arange(S) + p0) ...)))    (P: a Cos or Sin's origin)
+    p0 where all hold; where one fails, an index out of bounds, for which ONNX Runtime fails the
+    run at that node, before any node reading an offset or P (the cache writes, in place) has
+    run: the run fails to torch (Backend._after_run_failure: that Gather's origin runs in torch
+    from then on, the cache writes or the rotary tables (the graph compiled again then reads the
+    offsets as one still); ortlite.compile raises). Where it runs, every value is the one
+    the graph computed before; each layer's positions, their range check, its attention's
+    lengths and mask check are then computed alike, once (ONNX Runtime's common subexpression
+    elimination; ortlite's repeated_checks for the failure outputs), and rotary_inside_attention
+    sees the rotary's positions as the attention's. P: graph inputs a Cos or Sin is computed from
+    (see _rotary_position_inputs). Offsets and P read inside a subgraph are
+    left; P only where S is a number. failures: names of the conditions that make the call
+    raise. checks (a list): (each Gather's node name, the ONNX node whose origin it takes) is
+    appended. Returns the number of offsets and P read so."""
+    g = _Graph(graph, known)
+    offsets: dict[str, tuple] = {}  # offset -> (the first ScatterElements writing at arange(S) + it, S)
+    for node in graph.node:
+        if node.op_type != "ScatterElements" or node.domain not in ("", "ai.onnx") or node.input[0] not in g.inputs:
+            continue
+        shape = g.shape(node.input[0])
+        if not shape or len(shape) != 4 or not isinstance(shape[2], int):
+            continue
+        found = _checked_positions(g, node.input[1], failures, shape[2])
+        p = found[1] if found else None
+        if p in g.inputs and g.known.get(p) == (torch.int64, ()):
+            offsets.setdefault(p, (node.name, found[0]))
+    branch_reads = set()
+    for n in graph.node:
+        for a in n.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                branch_reads |= set().union(*(_reads(m) for m in sub.node))
+    shared = [p for p in offsets if p not in branch_reads]
+    sizes = {offsets[p][1] for p in shared}
+    size = sizes.pop() if len(sizes) == 1 and isinstance(next(iter(sizes)), int) else None
+    given, cos = _rotary_position_inputs(g, size) if size is not None else ([], None)
+    given = [x for x in given if x not in branch_reads]
+    if not shared or len(shared) + len(given) < 2:
+        return 0
+    fresh, constant = _new_values(graph, "ortlite_offsets")
+    first, one = shared[0], fresh("ortlite_cache_offset")
+    made = {x: fresh(f"{x}_positions") for x in given}  # P -> arange(S) + one, in P's shape
+    for n in graph.node:
+        for k, x in enumerate(n.input):
+            if x in shared:
+                n.input[k] = one
+            elif x in made:
+                n.input[k] = made[x]
+    nodes = []
+
+    def op(op_type, *inputs, out=None, **attrs):
+        out = out or fresh(f"ortlite_offsets_{op_type.lower()}")
+        nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def positions(p, x, out=None):
+        """arange(S) + p in x's shape."""
+        vector = op("Add", constant(np.arange(size, dtype=np.int64)), p)
+        known[vector] = (torch.int64, (size,))
+        return op("Identity", vector, out=out) if len(known[x][1]) == 1 else op("Unsqueeze", vector, constant([0]), out=out)
+
+    gates = []  # (conditions, the ONNX node whose origin runs in torch where one is false, tag)
+    if len(shared) > 1:
+        gates.append(([op("Equal", p, first) for p in shared[1:]], offsets[shared[-1]][0], "offsets_equal"))
+    if given:
+        equal = [op("Cast", op("Equal", x, positions(first, x)), to=TensorProto.INT32) for x in given]
+        gates.append(([op("Cast", op("ReduceMin", e, keepdims=0), to=TensorProto.BOOL) for e in equal], cos, "positions_equal"))
+    value = first
+    for k, (conditions, origin, tag) in enumerate(gates):
+        same = conditions[0]
+        for c in conditions[1:]:
+            same = op("And", same, c)
+        index = op("Cast", op("Not", same), to=TensorProto.INT64)
+        name = fresh(f"{origin}_{tag}")
+        out = one if k == len(gates) - 1 else fresh(f"ortlite_cache_offset_{tag}")
+        nodes.append(helper.make_node("Gather", [op("Reshape", value, constant([1])), index], [out], name=name, axis=0))  # (index 1 of 1 element: the run fails here)
+        checks.append((name, origin))
+        value = out
+    known[one] = (torch.int64, ())
+    for x in given:
+        positions(one, x, made[x])
+        known[made[x]] = known[x]
+    nodes += list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(shared) + len(given)
+
+
+def _rotary_position_inputs(g: _Graph, size: int):
+    """(the int64 graph inputs (1, size) or (size,) that a Cos or Sin (a rotary embedding's
+    tables, as ortlite lowers aten) is computed from, the ONNX name of one such Cos or Sin)."""
+    found, seen, reached = [], set(), None
+    for n in g.graph.node:
+        if n.op_type not in ("Cos", "Sin") or n.domain not in ("", "ai.onnx"):
+            continue
+        stack, before = [n.input[0]], len(found)
+        while stack:
+            v = stack.pop()
+            if v in seen or not v:
+                continue
+            seen.add(v)
+            if v in g.inputs:
+                if g.known.get(v, (None,))[0] == torch.int64 and tuple(g.known[v][1]) in ((1, size), (size,)):
+                    found.append(v)
+                continue
+            node = g.producer.get(v)
+            if node is not None:
+                stack.extend(node.input)
+        if len(found) > before and reached is None:
+            reached = n.name
+    return sorted(found), reached
+
+
 def proven_attention_masks(
     graph: onnx.GraphProto, known: dict[str, tuple], failures: set, runtime_checks: list | None = None, checked_masks: dict | None = None
 ) -> int:
@@ -670,7 +790,7 @@ def repeated_checks(nodes: list, initializers: list, checks: list) -> list[bool]
 PACK_MOST = 4  # products packed into one at most
 
 
-def packed_products(graph: onnx.GraphProto, known: dict[str, tuple], into: tuple | None = None) -> int:
+def packed_products(graph: onnx.GraphProto, known: dict[str, tuple], into: tuple | None = None, frozen: frozenset = frozenset()) -> int:
     """Products of one input by constant weights, as a decoder's q, k and v projections (and
     its MLP's gate and up) read the normed hidden states:
         MatMul(x, W1), MatMul(x, W2), ...   (each W an initializer (K, Ni), or one's Transpose)
@@ -679,8 +799,12 @@ def packed_products(graph: onnx.GraphProto, known: dict[str, tuple], into: tuple
     Only float32 x and weights, 2-D weights of the same K, at most PACK_MOST together, in
     the order the graph has them; into: only products whose results reach an op of these
     types (through RotaryEmbedding), None: all. The packed weight is an initializer of its own (the
-    separate ones go where nothing else reads them): weights that are graph inputs (bound,
-    or frozen at session build) are left. Returns the number of products packed."""
+    separate ones go where nothing else reads them). frozen: names of graph inputs that become
+    initializers at session build (ortlite.frozen, torch.compile): weights that are those (or
+    their Transposes) are packed by a Concat of the products' weight operands, which ONNX
+    Runtime folds into one initializer when it builds the session (the separate ones then go,
+    read by nothing else: the memory of the weights once, as before); other graph inputs
+    (bound weights) are left. Returns the number of products packed."""
     initializers = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
     outputs = {o.name for o in graph.output}
@@ -691,6 +815,8 @@ def packed_products(graph: onnx.GraphProto, known: dict[str, tuple], into: tuple
         if b in initializers:
             t = initializers[b]
             return (b, False) if len(t.dims) == 2 and t.data_type == TensorProto.FLOAT else None
+        if b in frozen:
+            return (b, False) if known.get(b, (None, ()))[0] == torch.float32 and len(known[b][1]) == 2 else None
         node = producer.get(b)
         if node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and _perm(node) in ([1, 0], None):
             found = weight(node.input[0])
@@ -727,23 +853,36 @@ def packed_products(graph: onnx.GraphProto, known: dict[str, tuple], into: tuple
     for x, members in groups.items():
         for start in range(0, len(members), PACK_MOST):
             chunk = members[start : start + PACK_MOST]
-            arrays = []
+            shapes = []  # (K, N) of each product's weight operand
             for _, (name, transposed) in chunk:
-                a = numpy_helper.to_array(initializers[name])
-                arrays.append(a.T if transposed else a)
-            if len(chunk) < 2 or len({a.shape[0] for a in arrays}) != 1:
+                shape = tuple(initializers[name].dims) if name in initializers else known[name][1]
+                shapes.append(shape[::-1] if transposed else shape)
+            if len(chunk) < 2 or len({k for k, _ in shapes}) != 1 or not all(isinstance(d, int) for shape in shapes for d in shape):
                 continue
             packed = fresh(chunk[0][0].name + "_packed_weight")
-            graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(np.concatenate(arrays, axis=1)), packed))
+            nodes = []
+            if all(name in initializers for _, (name, _) in chunk):
+                arrays = [numpy_helper.to_array(initializers[name]) for _, (name, _) in chunk]
+                arrays = [a.T if transposed else a for a, (_, (_, transposed)) in zip(arrays, chunk)]
+                graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(np.concatenate(arrays, axis=1)), packed))
+            else:  # (weights frozen at session build: ONNX Runtime folds the Transposes and the Concat then)
+                operands = []
+                for _, (name, transposed) in chunk:
+                    if transposed:
+                        operands.append(fresh(name + "_t"))
+                        nodes.append(helper.make_node("Transpose", [name], [operands[-1]], perm=[1, 0]))
+                    else:
+                        operands.append(name)
+                nodes.append(helper.make_node("Concat", operands, [packed], name=packed, axis=1))
             product = fresh(chunk[0][0].name + "_packed")
             sizes = fresh(packed + "_sizes")
-            graph.initializer.append(numpy_helper.from_array(np.array([a.shape[1] for a in arrays], np.int64), sizes))
-            nodes = [
+            graph.initializer.append(numpy_helper.from_array(np.array([n for _, n in shapes], np.int64), sizes))
+            nodes += [
                 helper.make_node("MatMul", [x, packed], [product], name=chunk[0][0].name + "_packed"),
                 helper.make_node("Split", [product, sizes], [n.output[0] for n, _ in chunk], name=chunk[0][0].name + "_split", axis=-1),
             ]
             x_shape = known[x][1]
-            known[product] = (torch.float32, (*x_shape[:-1], sum(a.shape[1] for a in arrays)))
+            known[product] = (torch.float32, (*x_shape[:-1], sum(n for _, n in shapes)))
             replaced[id(chunk[0][0])] = nodes
             removed.update(id(n) for n, _ in chunk[1:])
             count += len(chunk)
@@ -793,10 +932,11 @@ def _position_slice(g: _Graph, value: str, positions: str):
     element of value depends on one position alone: Unsqueezes, Casts, Cos/Sin, arithmetic
     with constants that broadcast along the positions' axis, Concat along another axis),
     in graph order, and value's (axis of the positions, rank); None where it is not so."""
+    frozen = getattr(g, "frozen", frozenset())
     nodes, seen, stack = [], set(), [value]
     while stack:  # the nodes between positions and value
         v = stack.pop()
-        if v == positions or v in seen or g.constant(v) is not None:
+        if v == positions or v in seen or v in frozen or g.constant(v) is not None:
             continue
         seen.add(v)
         node = g.producer.get(v)
@@ -824,11 +964,15 @@ def _position_slice(g: _Graph, value: str, positions: str):
                     if a <= axis:
                         axis += 1
         elif op in ("Mul", "Add", "Sub", "Div") and len(placed) == 1:
-            c = g.constant(node.input[1] if ins[0] is not None else node.input[0])
-            out_rank = max(rank, c.ndim)
+            other = node.input[1] if ins[0] is not None else node.input[0]
+            c = g.constant(other)
+            c_shape = c.shape if c is not None else tuple(g.shape(other) or (None,))  # (a frozen weight: its shape)
+            if not all(isinstance(d, int) for d in c_shape):
+                return None
+            out_rank = max(rank, len(c_shape))
             axis += out_rank - rank
-            lead = out_rank - c.ndim  # c's dims align with the last ones
-            if axis >= lead and c.shape[axis - lead] != 1:
+            lead = out_rank - len(c_shape)  # c's dims align with the last ones
+            if axis >= lead and c_shape[axis - lead] != 1:
                 return None
             rank = out_rank
         elif op == "Concat" and len(placed) == len(ins) and all(x == placed[0] for x in placed):
@@ -875,7 +1019,28 @@ def _position_table(g: _Graph, value: str, positions: str, length: int):
     return table.reshape(length, table.shape[-1])
 
 
-def rotary_inside_attention(graph: onnx.GraphProto, known: dict[str, tuple], opset) -> int:
+def _position_table_nodes(g: _Graph, value: str, positions: str, length: int, head: int, fresh, constant):
+    """(nodes, name): value (1.., S, D) for positions 0..length-1 computed in the graph by a copy
+    of the nodes computing it position by position from positions (see _position_slice), from
+    constants and frozen weights alone (ONNX Runtime folds them when it builds the session,
+    from the weights' values then), as a (length, head // 2) table: its first half; else None."""
+    found = _position_slice(g, value, positions)
+    shape = g.shape(value)
+    if found is None or shape is None or found[1][0] != found[1][1] - 2 or shape[-1] != head or any(d != 1 for d in shape[:-2]):
+        return None
+    renamed = {positions: constant(np.arange(length, dtype=np.int64))}
+    nodes = []
+    for node in found[0]:
+        out = renamed[node.output[0]] = fresh(node.output[0] + "_table")
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes.append(helper.make_node(node.op_type, [renamed.get(i, i) for i in node.input], [out], domain=node.domain, **attrs))
+    rows, half = fresh(value + "_table_rows"), fresh(value + "_table_half")
+    nodes.append(helper.make_node("Reshape", [renamed[value], constant([length, head])], [rows]))
+    nodes.append(helper.make_node("Slice", [rows, constant([0]), constant([head // 2]), constant([1])], [half]))
+    return nodes, half
+
+
+def rotary_inside_attention(graph: onnx.GraphProto, known: dict[str, tuple], opset, frozen: frozenset = frozenset()) -> int:
     """GroupQueryAttention (static_cache_attention's) on q, k and v that one packed product
     makes (packed_products: MatMul -> Split into q, k, v), q and k through RotaryEmbedding
     (fusions.rotary_before_attention: non-interleaved, on token rows) with caches cut from
@@ -885,8 +1050,9 @@ def rotary_inside_attention(graph: onnx.GraphProto, known: dict[str, tuple], ops
     Runtime from the graph's own nodes (the values the graph gives at those positions).
     Three nodes fewer per attention. Returns the count."""
     g = _Graph(graph, known)
-    g.opset = opset
+    g.opset, g.frozen = opset, frozen
     fresh, constant = _new_values(graph, "ortlite_rotary_table")
+    table_nodes = []  # (tables computed in the graph from frozen weights: first)
     tables: dict = {}
     count = 0
     for node in graph.node:
@@ -929,8 +1095,13 @@ def rotary_inside_attention(graph: onnx.GraphProto, known: dict[str, tuple], ops
         for x in halves:
             key = (x, positions, length)
             if key not in tables:
-                table = _position_table(g, x, positions, length)
-                tables[key] = None if table is None or table.shape[1] != head else constant(np.ascontiguousarray(table[:, : head // 2]))
+                in_graph = _position_table_nodes(g, x, positions, length, head, fresh, constant) if frozen else None
+                if in_graph is not None and any(i in frozen for n in in_graph[0] for i in n.input):
+                    table_nodes += in_graph[0]
+                    tables[key] = in_graph[1]
+                else:
+                    table = _position_table(g, x, positions, length)
+                    tables[key] = None if table is None or table.shape[1] != head else constant(np.ascontiguousarray(table[:, : head // 2]))
             made.append(tables[key])
         if None in made:
             continue
@@ -939,7 +1110,7 @@ def rotary_inside_attention(graph: onnx.GraphProto, known: dict[str, tuple], ops
         node.attribute.append(helper.make_attribute("do_rotary", 1))
         count += 1
     if count:
-        nodes = live_nodes(list(graph.node), g.outputs)
+        nodes = live_nodes(table_nodes + list(graph.node), g.outputs)
         del graph.node[:]
         graph.node.extend(nodes)
     return count
@@ -959,7 +1130,7 @@ def _attention_positions(g: _Graph, node, cos: str):
     leaves, seen, stack = set(), set(), [cos]
     while stack:
         v = stack.pop()
-        if v in seen or g.constant(v) is not None:
+        if v in seen or g.constant(v) is not None or v in getattr(g, "frozen", ()):
             continue
         seen.add(v)
         if _positions(g, v) is not None:
