@@ -21,7 +21,14 @@ def load(path, options=None):
         data = f.read()
     model, lowered, saved = read(path, data)
     source = path if saved["external"] else data  # ORT finds external data beside the path
-    if saved["key_added"]:
+    bound = {b["input"] for b in saved["bound"]}
+    if bound and not saved["external"]:
+        # the mutated buffers' initial values (defaults of inputs, for plain onnxruntime) are
+        # bound at every call: without them ONNX Runtime has no input-initializer to warn about
+        kept = [t for t in model.graph.initializer if t.name not in bound]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+    if saved["key_added"] or (bound and not saved["external"]):
         source = model.SerializeToString()
     if options.model_transforms:
         for transform in options.model_transforms:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 
+import onnxruntime
 import pytest
 import torch
 
@@ -557,3 +558,44 @@ def test_given_rotary_positions_read_as_cache_positions(tmp_path, shifted):
     if shifted:  # compiled again with the rotary tables in torch: the offsets still read as one
         retry = decode[-1].graph.node
         assert not any(n.op_type == "Cos" for n in retry) and sum(n.name.endswith("_offsets_equal") for n in retry) == 1
+
+
+def _unread_initializers(model) -> list:
+    from ortlite.lower.fusions import _reads
+
+    graph = model.graph
+    read = set().union(*(_reads(n) for n in graph.node)) | {o.name for o in graph.output} | {i.name for i in graph.input}
+    return [t.name for t in graph.initializer if t.name not in read]
+
+
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+def test_decode_steps_keep_stderr_quiet_with_the_users_session_options(tmp_path, capfd, quantize):
+    """The decoder rewrites leave no initializer that no node reads (ONNX Runtime warns on
+    stderr for each at load): ahead of time, saved and loaded in plain onnxruntime, and under
+    torch.compile with a static cache, all with a user's SessionOptions (ORT's default log
+    level); the tokens stay eager's (float32) / run (quantized)."""
+    so = onnxruntime.SessionOptions()
+    model = tiny_llama()
+    ids = torch.randint(3, 256, (1, 5))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    step = ortlite.decode.compile_static_cache_step(model, 24, options={"session_options": so, "quantize": quantize})
+    tokens = ortlite.decode.generate(step, ids, 6)
+    if quantize is None:
+        assert torch.equal(tokens[0], expected[0, 5:])
+    for graph in (step.prompt, step.decode):
+        if graph is not None:
+            assert not _unread_initializers(graph.onnx_model)
+    step.prompt.save(tmp_path / "step.onnx")
+    loaded = ortlite.load(tmp_path / "step.onnx", options={"session_options": so})
+    assert_same(loaded(input_ids=ids, cache_position=torch.arange(5)), step(input_ids=ids, cache_position=torch.arange(5)))
+    if quantize is None:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            model.forward = torch.compile(model.forward, backend=ortlite.Backend(ortlite.Options(session_options=so)))
+            assert torch.equal(model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, cache_implementation="static"), expected)
+    assert "onnxruntime" not in capfd.readouterr().err
+    # plain onnxruntime: no unread initializer (the cache buffers, inputs with their initial
+    # values as defaults, are warned about as such: the saved format's choice)
+    onnxruntime.InferenceSession(str(tmp_path / "step.onnx"), providers=["CPUExecutionProvider"])
+    assert "not used by any node" not in capfd.readouterr().err

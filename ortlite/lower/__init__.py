@@ -17,7 +17,7 @@ from .decoder import (
     packed_products, proven_attention_masks, repeated_checks, rotary_inside_attention, scatters_in_place, shared_cache_offsets,
     skip_simplified_norms, static_cache_attention, unread_inputs_in_place,
 )
-from .fusions import attention_fusions, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
+from .fusions import attention_fusions, drop_unread_initializers, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
 from .quantize import add_domain, quantize_products
 from .ops.common import declared_ranges
@@ -248,6 +248,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
     frozen_names = frozenset(s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR) if quantize is None else frozenset()
     if decoder_ops and packed_products(model.graph, known, into=("GroupQueryAttention",), frozen=frozen_names):
         rotary_inside_attention(model.graph, known, model.opset_import, frozen_names)
+    drop_unread_initializers(model.graph)
     prelude = None
     if hoisting:
         weights = [s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR and s.device.type == "cpu" and s.dtype in PRELUDE_WEIGHT_DTYPES]

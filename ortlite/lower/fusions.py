@@ -705,6 +705,19 @@ def live_nodes(nodes: list, outputs: set) -> list:
     return live[::-1]
 
 
+def drop_unread_initializers(graph: onnx.GraphProto) -> int:
+    """Remove the initializers no node reads (what rewrites left behind: a folded table's
+    inputs, a Split's sizes): ONNX Runtime warns on stderr for each one when it loads the
+    model, with a user's SessionOptions and in plain onnxruntime. Returns the count."""
+    read = set().union(*(_reads(n) for n in graph.node)) | {o.name for o in graph.output} | {i.name for i in graph.input}
+    kept = [t for t in graph.initializer if t.name in read]
+    dropped = len(graph.initializer) - len(kept)
+    if dropped:
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    return dropped
+
+
 def _reads(node) -> set:
     names = set(node.input)
     for a in node.attribute:
