@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from .builder import TORCH_TO_ONNX, onnx_dim
-from .fusions import HEADS_PERM, _new_values, _passes, _perm, _reads, _token_rows, live_nodes
+from .fusions import HEADS_PERM, _new_values, _passes, _perm, _reads, _token_rows, drop_unread_initializers, live_nodes
 from .ops.common import same_shape
 
 MS_DOMAIN = "com.microsoft"
@@ -891,10 +891,7 @@ def packed_products(graph: onnx.GraphProto, known: dict[str, tuple], into: tuple
     nodes = [m for n in graph.node if id(n) not in removed for m in replaced.get(id(n), [n])]
     del graph.node[:]
     graph.node.extend(live_nodes(nodes, outputs))
-    read = set().union(*(_reads(n) for n in graph.node)) | outputs  # (a branch of an If reads outer values)
-    kept = [t for t in graph.initializer if t.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    drop_unread_initializers(graph)
     return count
 
 

@@ -13,10 +13,10 @@ import onnxruntime
 import torch
 
 from ...options import DEFAULT_OPSET
-from ..builder import TORCH_TO_ONNX, SymbolicShapeError, Value, sym_expr
+from ..builder import TORCH_TO_ONNX, Value
 from ..registry import lower
 from .shape import reshape_to
-from .common import any_true, aten, arg_val, computed_now, indices_used, is_float, may_be_zero
+from .common import any_true, any_zero, aten, arg_val, computed_now, indices_used, is_float, may_be_zero
 
 FUSED_OPSET = 23  # ONNX Attention
 
@@ -115,23 +115,6 @@ def _same(a, b) -> bool:
     return a is b or (isinstance(a, int) and isinstance(b, int) and a == b)
 
 
-def _any_zero(g, sizes: list, values) -> str | None:
-    """A 0-d bool: whether any of these sizes is 0 at run time (None: there are none). From
-    their expressions where ONNX can spell them (of argument sizes: the size prelude computes
-    the check), else from the values' element counts."""
-    if not sizes:
-        return None
-    zero = g.const(0, torch.int64)
-    try:
-        flags = [g.op("Equal", g.sym(d), zero) for d in {sym_expr(d): d for d in sizes}.values()]
-    except SymbolicShapeError:
-        flags = [g.op("Equal", g.op("Size", v), zero) for v in values]
-    result = flags[0]
-    for flag in flags[1:]:
-        result = g.op("Or", result, flag)
-    return result
-
-
 def _fused(g, q, k, v, is_causal, attn_mask, scale, mask_now=None):
     """ONNX Attention (4-d q, k, v as aten's: grouped heads and a top-left causal mask as
     aten's). Its CPU kernel gives zeros for a row whose masked scores all are the lowest
@@ -145,7 +128,7 @@ def _fused(g, q, k, v, is_causal, attn_mask, scale, mask_now=None):
     like = [Value("", q.dtype, ())]
     # a symbolic size that may be 0 (Swin's window count: interval bounds of floor divisions
     # reach 0) is checked at run time: the kernel is not for empty inputs
-    empty = _any_zero(g, [d for d in (*q.shape, *k.shape) if may_be_zero(d)], (q, k))
+    empty = any_zero(g, [d for d in (*q.shape, *k.shape) if may_be_zero(d)], (q, k))
     if attn_mask is None:
         if empty is None:
             return g.op("Attention", q, k, v, **attrs)

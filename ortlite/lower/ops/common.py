@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-from ..builder import GraphBuilder, Value, sym_expr
+from ..builder import GraphBuilder, SymbolicShapeError, Value, sym_expr
 from ..registry import meta
 
 aten = torch.ops.aten
@@ -128,6 +128,23 @@ def may_be_zero(size) -> bool:
 
 def may_be_empty(t) -> bool:
     return any(may_be_zero(d) for d in t.shape)
+
+
+def any_zero(g, sizes: list, values) -> str | None:
+    """A 0-d bool: whether any of these sizes is 0 at run time (None: there are none). From
+    their expressions where ONNX can spell them (of argument sizes: the size prelude computes
+    the check), else from the values' element counts."""
+    if not sizes:
+        return None
+    zero = g.const(0, torch.int64)
+    try:
+        flags = [g.op("Equal", g.sym(d), zero) for d in {sym_expr(d): d for d in sizes}.values()]
+    except SymbolicShapeError:
+        flags = [g.op("Equal", g.op("Size", v), zero) for v in values]
+    result = flags[0]
+    for flag in flags[1:]:
+        result = g.op("Or", result, flag)
+    return result
 
 
 def known_empty(shape) -> bool:

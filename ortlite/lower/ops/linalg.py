@@ -10,7 +10,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..builder import Value
 from ..registry import lower
-from .common import any_true, aten, arg_val, as_value, broadcast_shape, is_float, is_static, known_empty, may_be_zero, out_dtype, out_shape
+from .common import any_true, any_zero, aten, arg_val, as_value, broadcast_shape, is_float, is_static, known_empty, may_be_zero, out_dtype, out_shape
 from .reduction import int_sum
 
 
@@ -37,8 +37,7 @@ def mm(g, node, a, b):
         # a symbolic inner dim whose bounds reach 0 (a window's size after a padded window
         # partition: Hp // (Hp // 3), the split torch's view meta computes): checked at run
         # time, zeros where an operand is empty (an empty result either way where M or N is 0)
-        zero = g.const(0, torch.int64)
-        empty = g.op("Or", g.op("Equal", g.op("Size", a), zero), g.op("Equal", g.op("Size", b), zero))
+        empty = any_zero(g, [a.shape[-1]], (a, b))
         (out,) = g.if_(empty, lambda br: [_zeros(br, node)], lambda br: [br.op("MatMul", a, b)], [Value("", out_dtype(node), ())])
         return out
     return g.op("MatMul", a, b)
