@@ -484,13 +484,12 @@ class CountedCacheLayers(torch.nn.Module):
         return x
 
 
-@pytest.mark.parametrize("skew", [False, True])
-def test_cache_offsets_read_as_one_checked_per_call(tmp_path, skew):
-    """Caches written at arange(S) + a counter of their own (one per layer, arguments under
-    torch.compile): the later counters are read as the first, with one check per call that they
-    are equal, and each layer's position, mask and length checks are kept once; the values are
-    eager's. skew: a counter that differs from the first fails the check, and the cache writes
-    run in torch from then on, eager's values all the same."""
+def _counted_layers_against_eager(tmp_path, arguments, before=None):
+    """CountedCacheLayers compiled by ortlite (graphs dumped to tmp_path) and eager, called in
+    turn with a 5-token prompt and four single tokens: outputs and buffers equal eager's at
+    every call. arguments(i, start, length): the call's arguments; before(i, modules): run
+    before call i. Returns the backend and the dumped graphs with GroupQueryAttention in both
+    layers, oldest first."""
     import onnx
 
     module, eager_module = CountedCacheLayers().eval(), CountedCacheLayers().eval()
@@ -500,20 +499,39 @@ def test_cache_offsets_read_as_one_checked_per_call(tmp_path, skew):
     start = 0
     with torch.no_grad():
         for i, length in enumerate((5, 1, 1, 1, 1)):
-            if skew and i == 3:  # the second layer's counter one ahead of the first's
-                for m in (module, eager_module):
-                    m.layers[1].written.add_(1)
-            mask = (torch.arange(24)[None, :] <= torch.arange(start, start + length)[:, None])[None, None]
-            x = torch.randn(1, length, 64)
-            assert_same(compiled(x, mask), eager_module(x, mask), rtol=1e-5, atol=1e-5)
+            if before is not None:
+                before(i, (module, eager_module))
+            args = arguments(i, start, length)
+            assert_same(compiled(*args), eager_module(*args), rtol=1e-5, atol=1e-5)
             for a, b in zip(module.buffers(), eager_module.buffers()):
                 assert_same(a, b, rtol=1e-6, atol=1e-6)
             start += length
-    index_copy = "aten.index_copy.default"
-    assert (index_copy in backend.stats.fallback_ops) == skew, backend.stats.fallback_ops
-    models = [onnx.load(p) for p in tmp_path.glob("*.onnx")]
+    models = [onnx.load(p) for p in sorted(tmp_path.glob("*.onnx"), key=os.path.getmtime)]
     decode = [m for m in models if sum(n.op_type == "GroupQueryAttention" for n in m.graph.node) == 2]
     assert decode, [sorted({n.op_type for n in m.graph.node}) for m in models]
+    return backend, decode
+
+
+def _causal_mask(start, length):
+    return (torch.arange(24)[None, :] <= torch.arange(start, start + length)[:, None])[None, None]
+
+
+@pytest.mark.parametrize("skew", [False, True])
+def test_cache_offsets_read_as_one_checked_per_call(tmp_path, skew):
+    """Caches written at arange(S) + a counter of their own (one per layer, arguments under
+    torch.compile): the later counters are read as the first, with one check per call that they
+    are equal, and each layer's position, mask and length checks are kept once; the values are
+    eager's. skew: a counter that differs from the first fails the check, and the cache writes
+    run in torch from then on, eager's values all the same."""
+
+    def before(i, modules):
+        if skew and i == 3:  # the second layer's counter one ahead of the first's
+            for m in modules:
+                m.layers[1].written.add_(1)
+
+    backend, decode = _counted_layers_against_eager(tmp_path, lambda i, start, length: (torch.randn(1, length, 64), _causal_mask(start, length)), before)
+    index_copy = "aten.index_copy.default"
+    assert (index_copy in backend.stats.fallback_ops) == skew, backend.stats.fallback_ops
     outputs = [o.name for o in decode[0].graph.output]
     assert sum(n.name.endswith("_offsets_equal") for n in decode[0].graph.node) == 1  # one check of the counters
     assert sum(o.startswith("reducemax") for o in outputs) == 1, outputs  # the positions' range checked once
@@ -530,25 +548,13 @@ def test_given_rotary_positions_read_as_cache_positions(tmp_path, shifted):
     run in torch from then on, eager's values all the same."""
     import onnx
 
-    module, eager_module = CountedCacheLayers().eval(), CountedCacheLayers().eval()
-    torch._dynamo.reset()
-    backend = ortlite.Backend(ortlite.Options(dump_dir=str(tmp_path)))
-    compiled = torch.compile(module, backend=backend)
-    start = 0
-    with torch.no_grad():
-        for i, length in enumerate((5, 1, 1, 1, 1)):
-            mask = (torch.arange(24)[None, :] <= torch.arange(start, start + length)[:, None])[None, None]
-            positions = torch.arange(start, start + length)[None] + (1 if shifted and i == 3 else 0)
-            x = torch.randn(1, length, 64)
-            assert_same(compiled(x, mask, positions), eager_module(x, mask, positions), rtol=1e-5, atol=1e-5)
-            for a, b in zip(module.buffers(), eager_module.buffers()):
-                assert_same(a, b, rtol=1e-6, atol=1e-6)
-            start += length
+    def arguments(i, start, length):
+        positions = torch.arange(start, start + length)[None] + (1 if shifted and i == 3 else 0)
+        return torch.randn(1, length, 64), _causal_mask(start, length), positions
+
+    backend, decode = _counted_layers_against_eager(tmp_path, arguments)
     assert ("aten.cos.default" in backend.stats.fallback_ops) == shifted, backend.stats.fallback_ops
     assert "aten.index_copy.default" not in backend.stats.fallback_ops, backend.stats.fallback_ops
-    models = [onnx.load(p) for p in sorted(tmp_path.glob("*.onnx"), key=os.path.getmtime)]
-    decode = [m for m in models if sum(n.op_type == "GroupQueryAttention" for n in m.graph.node) == 2]
-    assert decode, [sorted({n.op_type for n in m.graph.node}) for m in models]
     nodes = decode[0].graph.node
     attention = [n for n in nodes if n.op_type == "GroupQueryAttention"]
     assert all(onnx.helper.get_attribute_value(a) == 1 for n in attention for a in n.attribute if a.name == "do_rotary"), attention
