@@ -168,6 +168,49 @@ def test_attention_is_onnx_attention_and_matches_eager(case):
         assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
 
 
+
+class ConstantMask(torch.nn.Module):
+    """Attention under a mask computed from constants alone (HF's mask of a call without padding)."""
+
+    def __init__(self, make, causal=False):
+        super().__init__()
+        self.make, self.causal = make, causal
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.make(q.shape[-2], k.shape[-2]), is_causal=self.causal)
+
+
+CONSTANT_MASKS = {
+    # name: (mask of (query rows, keys), causal, whether Attention must read it)
+    "zeros": (lambda r, c: torch.zeros(r, c), False, False),
+    "zeros, causal": (lambda r, c: torch.zeros(1, 1, r, c), True, False),
+    "-0.0 (BERT without padding)": (lambda r, c: (1.0 - torch.ones(1, 1, 1, c)) * torch.finfo(torch.float32).min, False, False),
+    "a NaN": (lambda r, c: torch.zeros(r, c).index_fill(1, torch.tensor([2]), float("nan")), False, True),
+    "a column of -inf": (lambda r, c: torch.zeros(r, c).index_fill(1, torch.tensor([0]), float("-inf")), False, True),
+    "ones": (lambda r, c: torch.ones(1, c), False, True),
+    "a tiny value": (lambda r, c: torch.zeros(r, c).index_fill(0, torch.tensor([1]), 1e-30), False, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CONSTANT_MASKS))
+def test_attention_reads_a_constant_mask_only_where_it_adds_something(case):
+    """A mask known at lowering that is 0.0 or -0.0 everywhere adds nothing: the Attention
+    node reads no mask; any other constant mask (a NaN, -inf, a tiny value) is read, or takes
+    the written-out ops. Values as eager's, both paths."""
+    make, causal, read = CONSTANT_MASKS[case]
+    module = ConstantMask(make, causal)
+    torch.manual_seed(0)
+    args = (torch.randn(2, 4, 7, 16), torch.randn(2, 4, 9, 16), torch.randn(2, 4, 9, 16))
+    with torch.no_grad():
+        compiled = ortlite.compile(module, args)
+        attentions = [n for n in compiled.onnx_model.graph.node if n.op_type == "Attention"]
+        masked = [len(n.input) > 3 and n.input[3] != "" for n in attentions]
+        assert all(masked) if read else masked == [False], masked  # (a NaN's rows take the written-out ops)
+        expected = module(*args)
+        assert_same(compiled(*args), expected, rtol=1e-5, atol=1e-5)
+        backend = ortlite.Backend(ortlite.Options(fallback="error"))
+        assert_same(torch.compile(module, backend=backend)(*args), expected, rtol=1e-5, atol=1e-5)
+
 def test_attention_with_symbolic_sizes_under_torch_compile():
     """torch.compile, no_grad, dynamic: the fused kernel with symbolic batch and lengths."""
     module = Attend(causal=True, gqa=True)

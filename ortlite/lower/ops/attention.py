@@ -147,6 +147,8 @@ def _fused(g, q, k, v, is_causal, attn_mask, scale, mask_now=None):
     if mask_now is not None and empty is None:
         if _odd_rows_now(mask_now, is_causal, length, source):
             return _written_out(g, q, k, v, is_causal, attn_mask, scale, False)[0]
+        if not torch.count_nonzero(mask_now):  # adds 0.0 or -0.0 everywhere (BERT's mask without padding): no mask to read
+            return g.op("Attention", q, k, v, **attrs)
         if isinstance(length, int) and isinstance(source, int):  # mask's value, for the blocks of queries (fusions)
             g.values_now[mask] = mask_now.float().expand(torch.broadcast_shapes(mask_now.shape, (1, 1, length, source))).numpy()
         return g.op("Attention", q, k, v, mask, **attrs)
