@@ -13,12 +13,17 @@ prompt (torch.manual_seed(0); randint(3, 32000)), 64 new tokens. Candidates:
                            TorchExportableModuleWithStaticCache, exported strict, sequence length
                            dynamic) and ortlite.decode.generate's loop; f32, and int8/int4 with
                            Options(quantize=...) where --precisions asks
+  ortlite AOT [prec], own process
+                           the same steps saved, and loaded by ortlite.load in a process of their
+                           own (bench/aot_worker.py), one process per round: as genai runs
   genai [prec]             onnxruntime-genai on the same saved folder, built by its model builder
                            (bench/genai/build_genai.sh), in a venv and a process of its own
                            (bench/genai/genai_worker.py), one process per round
 
-Each round runs every candidate once, in an order shuffled per round (genai's process at its
-place in it); medians over rounds. Prefill: from the call to the first new token; decode: ms
+Each round runs every candidate once, in an order shuffled per round (the worker processes at
+their place in it); medians over rounds. A process of its own is the like-for-like comparison
+with genai: in this process the AOT loop shares caches and the allocator with the torch
+candidates. Prefill: from the call to the first new token; decode: ms
 per token over the other 63. Tokens are compared with HF eager f32's, all 64.
 Recompiles: Dynamo graphs compiled during the timed rounds (after each candidate's warm-up).
 
@@ -38,8 +43,10 @@ import os
 import random
 import re
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -108,22 +115,42 @@ def aot_step(model, max_cache_len: int, prompt_len: int, options=None):
     return ortlite.decode.compile_static_cache_step(model, max_cache_len, example_length=prompt_len, options=options)
 
 
-class GenaiPeer:
-    """onnxruntime-genai in a process of its own, one per round (all precisions asked for)."""
+class Worker:
+    """A candidate in a process of its own, one per round: cmd prints one JSON line, key ->
+    {tokens, prefill_ms, decode_ms} (and "versions"); rows: key -> the row's name."""
 
-    def __init__(self, python: str, folder: str, prompt: list, precisions: list, new_tokens: int):
-        self.cmd = [
-            python, os.path.join(HERE, "genai", "genai_worker.py"), "--hf", folder, "--prompt", ",".join(map(str, prompt)),
-            "--precisions", ",".join(PRECISION_NAMES[p] for p in precisions), "--new-tokens", str(new_tokens),
-        ]  # fmt: skip
-        self.precisions = precisions
-        self.version = None
+    def __init__(self, cmd: list, rows: dict):
+        self.cmd, self.rows, self.version = cmd, rows, None
 
     def __call__(self) -> dict:
         out = subprocess.run(self.cmd, check=True, capture_output=True, text=True).stdout
         result = json.loads(out.strip().splitlines()[-1])
-        self.version = result.pop("versions")
-        return {p: result[PRECISION_NAMES[p]] for p in self.precisions}
+        self.version = result.pop("versions", None)
+        return {row: result[key] for key, row in self.rows.items()}
+
+
+def genai_peer(python: str, folder: str, prompt: list, precisions: list, new_tokens: int) -> Worker:
+    """onnxruntime-genai (all precisions asked for)."""
+    cmd = [
+        python, os.path.join(HERE, "genai", "genai_worker.py"), "--hf", folder, "--prompt", ",".join(map(str, prompt)),
+        "--precisions", ",".join(PRECISION_NAMES[p] for p in precisions), "--new-tokens", str(new_tokens),
+    ]  # fmt: skip
+    return Worker(cmd, {PRECISION_NAMES[p]: f"genai {p}" for p in precisions})
+
+
+def aot_worker(steps: dict, folder: str, prompt: list, new_tokens: int) -> Worker:
+    """ortlite's AOT steps (precision -> StaticCacheStep), saved under folder and loaded by
+    ortlite.load in the worker's process."""
+    for precision, step in steps.items():
+        os.makedirs(os.path.join(folder, precision))
+        step.prompt.save(os.path.join(folder, precision, "prompt.onnx"))
+        if step.decode is not None:
+            step.decode.save(os.path.join(folder, precision, "decode.onnx"))
+    cmd = [
+        sys.executable, os.path.join(HERE, "aot_worker.py"), "--prompt", ",".join(map(str, prompt)), "--new-tokens", str(new_tokens),
+        "--steps", ",".join(f"{p}={os.path.join(folder, p)}" for p in steps),
+    ]  # fmt: skip
+    return Worker(cmd, {p: f"ortlite AOT {p}, own process" for p in steps})
 
 
 def copy_of(function, tag: str):
@@ -245,6 +272,10 @@ def main() -> None:
     parser.add_argument("--precisions", default="f32", help="comma-separated: f32, int8, int4 (AOT and genai)")
     parser.add_argument("--only", default=None, help="regular expression: the candidates to run (HF eager always runs)")
     parser.add_argument("--rss-steps", type=int, default=0, help="only measure RSS of the AOT loop over this many steps")
+    parser.add_argument(
+        "--own-process", action=argparse.BooleanOptionalAction, default=True,
+        help="also run the AOT steps, saved and loaded, in a process of their own (bench/aot_worker.py)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     precisions = args.precisions.split(",")
@@ -270,12 +301,15 @@ def main() -> None:
     static = dict(cache_implementation="static")
     # The AOT steps first: torch.export (strict) resets Dynamo's caches, which would make every
     # torch.compile candidate compiled before it compile again in the timed rounds.
-    makers = {}
-    for precision in precisions:
+    makers, steps = {}, {}
+
+    def aot(precision):
         options = None if precision == "f32" else {"quantize": precision}
-        makers[f"ortlite AOT {precision}"] = functools.partial(
-            lambda options: aot_candidate(aot_step(model, args.prompt + args.new_tokens, args.prompt, options), args.new_tokens), options
-        )
+        steps[precision] = aot_step(model, args.prompt + args.new_tokens, args.prompt, options)
+        return aot_candidate(steps[precision], args.new_tokens)
+
+    for precision in precisions:
+        makers[f"ortlite AOT {precision}"] = functools.partial(aot, precision)
     makers.update({
         "HF eager f32": lambda: hf_candidate(model, eager, args.new_tokens),
         "HF inductor f32, static cache": lambda: hf_candidate(model, torch.compile(copy_of(eager, "inductor")), args.new_tokens, **static),
@@ -286,11 +320,12 @@ def main() -> None:
     })
     only = re.compile(args.only) if args.only else None
     makers = {name: make for name, make in makers.items() if name == "HF eager f32" or only is None or only.search(name)}
-    genai = None
+    workers = {}
     if genai_python and (only is None or only.search("genai")):
-        genai = GenaiPeer(genai_python, args.model_dir, prompt, precisions, args.new_tokens)
+        workers["genai"] = genai_peer(genai_python, args.model_dir, prompt, precisions, args.new_tokens)
     elif why_no_genai:
         print(f"genai skipped: {why_no_genai}")
+    saved = tempfile.mkdtemp(prefix="ortlite-aot-steps-")
 
     results = {}  # name -> dict(tokens, prefill, decode, graphs, recompiles, compile_s)
     with torch.no_grad():
@@ -305,14 +340,17 @@ def main() -> None:
                 graphs=counters["stats"]["unique_graphs"] - graphs,
             )  # fmt: skip
             print(f"warm: {name} ({results[name]['compile_s']:.1f} s)", flush=True)
-        order = list(results) + (["genai"] if genai else [])
+        if steps and args.own_process:
+            workers["ortlite AOT"] = aot_worker(steps, saved, prompt, args.new_tokens)
+        order = list(results) + list(workers)
         rng = random.Random(0)
         for r in range(args.rounds):
             rng.shuffle(order)
             for name in order:
-                if name == "genai":
-                    for precision, got in genai().items():
-                        entry = results.setdefault(f"genai {precision}", dict(tokens=got["tokens"], prefill=[], decode=[], graphs=None))
+                if name in workers:
+                    for row, got in workers[name]().items():
+                        entry = results.setdefault(row, dict(tokens=got["tokens"], prefill=[], decode=[], graphs=None))
+                        assert entry["tokens"] == got["tokens"], f"{row}: tokens changed between runs"
                         entry["prefill"].append(got["prefill_ms"])
                         entry["decode"].append(got["decode_ms"])
                     continue
@@ -323,26 +361,36 @@ def main() -> None:
                 results[name]["prefill"].append(prefill)
                 results[name]["decode"].append(decode)
             print(f"round {r + 1}/{args.rounds}", flush=True)
+    shutil.rmtree(saved)
 
     reference = results["HF eager f32"]["tokens"]
-    genai_f32 = results.get("genai f32")
-    genai_decode = statistics.median(genai_f32["decode"]) if genai_f32 else None
+    genai_ms = {p: statistics.median(results[f"genai {p}"]["decode"]) for p in precisions if f"genai {p}" in results}
+    genai_version = workers["genai"].version if "genai" in workers else None
     print()
     print(
         f"LLaMA h512 L6 (8 heads, 2 kv heads, vocab 32000, random weights), batch 1, prompt {args.prompt}, "
         f"{args.new_tokens} new tokens, 1 thread, {args.rounds} rounds, medians; torch {torch.__version__}, "
         f"transformers {transformers.__version__}, onnxruntime {ortlite_ort_version()}"
-        + (f", onnxruntime-genai {genai.version['onnxruntime_genai']}" if genai and genai.version else "")
+        + (f", onnxruntime-genai {genai_version['onnxruntime_genai']}" if genai_version else "")
     )
-    header = "| candidate | decode ms/token | x genai f32 | prefill ms | tokens = eager f32 | Dynamo graphs: warm-up, timed rounds |"
+    header = (
+        "| candidate | decode ms/token | x genai f32 | x genai same precision | prefill ms | x genai's prefill | tokens = eager f32 "
+        "| Dynamo graphs: warm-up, timed rounds |"
+    )
     print(header)
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         decode, prefill = statistics.median(r["decode"]), statistics.median(r["prefill"])
         same = sum(a == b for a, b in zip(r["tokens"], reference))
-        ratio = f"{decode / genai_decode:.2f}" if genai_decode else "-"
+        precision = next((p for p in ("int8", "int4") if p in name), "f32")
+        peer = results.get(f"genai {precision}")
+        ratios = [
+            f"{decode / genai_ms['f32']:.2f}" if "f32" in genai_ms else "-",
+            f"{decode / genai_ms[precision]:.2f}" if precision in genai_ms else "-",
+        ]
+        prefill_ratio = f"{prefill / statistics.median(peer['prefill']):.2f}" if peer else "-"
         graphs = "-" if r.get("graphs") is None else f"{r['graphs']}, {r['recompiles']}"
-        print(f"| {name} | {decode:.2f} | {ratio} | {prefill:.1f} | {same}/{len(reference)} | {graphs} |")
+        print(f"| {name} | {decode:.2f} | {' | '.join(ratios)} | {prefill:.1f} | {prefill_ratio} | {same}/{len(reference)} | {graphs} |")
     if "HF ortlite f32, static cache" in results:
         with torch.no_grad():
             split = per_step_split(model, eager, static_forward, ids, args.new_tokens, args.rounds)
