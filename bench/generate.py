@@ -20,10 +20,11 @@ prompt (torch.manual_seed(0); randint(3, 32000)), 64 new tokens. Candidates:
                            (bench/genai/build_genai.sh), in a venv and a process of its own
                            (bench/genai/genai_worker.py), one process per round
 
-Each round runs every candidate once, in an order shuffled per round (the worker processes at
-their place in it); medians over rounds. A process of its own is the like-for-like comparison
-with genai: in this process the AOT loop shares caches and the allocator with the torch
-candidates. Prefill: from the call to the first new token; decode: ms
+Each round runs every candidate twice, an untimed run right before the timed one, in an order
+shuffled per round (the worker processes at their place in it, each with its own untimed run);
+medians over rounds. The untimed run matters: a loop that has been idle (another candidate's
+turn, or only a 0.5 s sleep) runs its first ~16 tokens ~20% slower (caches refilled), which
+made every in-process candidate 5-10% slower per token than the same loop warm. Prefill: from the call to the first new token; decode: ms
 per token over the other 63. Tokens are compared with HF eager f32's, all 64.
 Recompiles: Dynamo graphs compiled during the timed rounds (after each candidate's warm-up).
 
@@ -355,6 +356,7 @@ def main() -> None:
                         entry["decode"].append(got["decode_ms"])
                     continue
                 graphs = counters["stats"]["unique_graphs"]
+                results[name]["call"](ids)  # untimed, right before, as the workers do (see the module's doc)
                 tokens, prefill, decode = results[name]["call"](ids)
                 results[name]["recompiles"] += counters["stats"]["unique_graphs"] - graphs
                 assert tokens == results[name]["tokens"], f"{name}: tokens changed between runs"
