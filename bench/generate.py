@@ -30,6 +30,7 @@ Recompiles: Dynamo graphs compiled during the timed rounds (after each candidate
 
     python bench/generate.py [--rounds 5] [--precisions f32,int8,int4] [--only 'AOT|genai']
     python bench/generate.py --rss-steps 2000     # RSS of the AOT step loop over 2,000 steps
+    python bench/generate.py --only 'AOT|genai' --huge-pages   # the AOT worker on huge pages too
 
 genai needs .genai-venv (see bench/genai/README.md); without it genai is skipped, with the reason.
 """
@@ -120,11 +121,12 @@ class Worker:
     """A candidate in a process of its own, one per round: cmd prints one JSON line, key ->
     {tokens, prefill_ms, decode_ms} (and "versions"); rows: key -> the row's name."""
 
-    def __init__(self, cmd: list, rows: dict):
+    def __init__(self, cmd: list, rows: dict, env: dict | None = None):
         self.cmd, self.rows, self.version = cmd, rows, None
+        self.env = None if env is None else dict(os.environ, **env)
 
     def __call__(self) -> dict:
-        out = subprocess.run(self.cmd, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(self.cmd, check=True, capture_output=True, text=True, env=self.env).stdout
         result = json.loads(out.strip().splitlines()[-1])
         self.version = result.pop("versions", None)
         return {row: result[key] for key, row in self.rows.items()}
@@ -139,19 +141,26 @@ def genai_peer(python: str, folder: str, prompt: list, precisions: list, new_tok
     return Worker(cmd, {PRECISION_NAMES[p]: f"genai {p}" for p in precisions})
 
 
-def aot_worker(steps: dict, folder: str, prompt: list, new_tokens: int) -> Worker:
-    """ortlite's AOT steps (precision -> StaticCacheStep), saved under folder and loaded by
-    ortlite.load in the worker's process."""
+def save_steps(steps: dict, folder: str) -> None:
+    """precision -> StaticCacheStep, saved as folder/<precision>/prompt.onnx (and decode.onnx)."""
     for precision, step in steps.items():
         os.makedirs(os.path.join(folder, precision))
         step.prompt.save(os.path.join(folder, precision, "prompt.onnx"))
         if step.decode is not None:
             step.decode.save(os.path.join(folder, precision, "decode.onnx"))
+
+
+def aot_worker(steps: dict, folder: str, prompt: list, new_tokens: int, huge_pages: bool = False) -> Worker:
+    """ortlite's AOT steps saved under folder (save_steps), loaded by ortlite.load in the
+    worker's process; huge_pages: glibc's allocations on transparent huge pages (its
+    glibc.malloc.hugetlb=1 tunable, set before the process starts)."""
     cmd = [
         sys.executable, os.path.join(HERE, "aot_worker.py"), "--prompt", ",".join(map(str, prompt)), "--new-tokens", str(new_tokens),
         "--steps", ",".join(f"{p}={os.path.join(folder, p)}" for p in steps),
     ]  # fmt: skip
-    return Worker(cmd, {p: f"ortlite AOT {p}, own process" for p in steps})
+    if not huge_pages:
+        return Worker(cmd, {p: f"ortlite AOT {p}, own process" for p in steps})
+    return Worker(cmd, {p: f"ortlite AOT {p}, own process, huge pages" for p in steps}, env={"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
 
 
 def copy_of(function, tag: str):
@@ -277,6 +286,10 @@ def main() -> None:
         "--own-process", action=argparse.BooleanOptionalAction, default=True,
         help="also run the AOT steps, saved and loaded, in a process of their own (bench/aot_worker.py)",
     )  # fmt: skip
+    parser.add_argument(
+        "--huge-pages", action="store_true",
+        help="also run the AOT worker with glibc's allocations on transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     precisions = args.precisions.split(",")
@@ -341,8 +354,12 @@ def main() -> None:
                 graphs=counters["stats"]["unique_graphs"] - graphs,
             )  # fmt: skip
             print(f"warm: {name} ({results[name]['compile_s']:.1f} s)", flush=True)
+        if steps and (args.own_process or args.huge_pages):
+            save_steps(steps, saved)
         if steps and args.own_process:
             workers["ortlite AOT"] = aot_worker(steps, saved, prompt, args.new_tokens)
+        if steps and args.huge_pages:
+            workers["ortlite AOT, huge pages"] = aot_worker(steps, saved, prompt, args.new_tokens, huge_pages=True)
         order = list(results) + list(workers)
         rng = random.Random(0)
         for r in range(args.rounds):
