@@ -236,6 +236,22 @@ def test_cache_written_in_place_and_saved(tmp_path):
 
 
 @pytest.mark.parametrize("quantize", [None, "int4"])
+def test_saved_step_pair_loads_into_one_step(tmp_path, quantize):
+    """A step with a one-token graph of its own saves as two files; loaded and joined by
+    StaticCacheStep (as bench/aot_worker.py does), the two graphs write one set of buffers and
+    generate the compiled step's tokens, prompt after prompt."""
+    model = tiny_llama()
+    step = ortlite.decode.compile_static_cache_step(model, 32, separate_decode=True, options={"quantize": quantize})
+    step.prompt.save(tmp_path / "prompt.onnx")
+    step.decode.save(tmp_path / "decode.onnx")
+    loaded = ortlite.decode.StaticCacheStep(ortlite.load(tmp_path / "prompt.onnx"), ortlite.load(tmp_path / "decode.onnx"))
+    for target, tensor in loaded.prompt._buffers.items():
+        assert loaded.decode._buffers[target] is tensor
+    for length in (5, 9, 3):
+        ids = torch.randint(3, 256, (1, length))
+        assert torch.equal(ortlite.decode.generate(loaded, ids, 12), ortlite.decode.generate(step, ids, 12))
+
+@pytest.mark.parametrize("quantize", [None, "int4"])
 def test_separate_decode_graph(quantize):
     """One token runs a static graph of its own beside the prompt's (S >= 2): both write the
     same buffers; float32 generates eager's tokens through both; with int4 the one-token
