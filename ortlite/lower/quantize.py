@@ -53,7 +53,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .fusions import _only_user, _reads, fresh_name, live_nodes
+from .fusions import _only_user, _reads, drop_unread_initializers, fresh_name, live_nodes
 
 MS_DOMAIN = "com.microsoft"
 INT4_BLOCK = 32
@@ -265,12 +265,10 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
     del graph.node[:]
     graph.node.extend(nodes)
     read = set().union(*(_reads(n) for n in graph.node)) | outputs
-    kept = [t for t in graph.initializer if t.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
     kept_inputs = [i for i in graph.input if i.name not in frozen or i.name in read]
     del graph.input[:]
     graph.input.extend(kept_inputs)
+    drop_unread_initializers(graph)  # the float weights replaced
     return quantized, derived
 
 
