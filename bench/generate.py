@@ -24,8 +24,8 @@ Each round runs every candidate twice, an untimed run right before the timed one
 shuffled per round (the worker processes at their place in it, each with its own untimed run);
 medians over rounds. The untimed run matters: a loop that has been idle (another candidate's
 turn, or only a 0.5 s sleep) runs its first ~16 tokens ~20% slower (caches refilled), which
-made every in-process candidate 5-10% slower per token than the same loop warm. Prefill: from the call to the first new token; decode: ms
-per token over the other 63. Tokens are compared with HF eager f32's, all 64.
+made every in-process candidate 5-10% slower per token than the same loop warm. Prefill: from
+the call to the first new token; decode: ms per token over the other 63. Tokens are compared with HF eager f32's, all 64.
 Recompiles: Dynamo graphs compiled during the timed rounds (after each candidate's warm-up).
 
     python bench/generate.py [--rounds 5] [--precisions f32,int8,int4] [--only 'AOT|genai']
@@ -57,6 +57,9 @@ from transformers.generation.streamers import BaseStreamer
 
 import ortlite
 import ortlite.decode
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from aot_worker import run as aot_worker_run  # noqa: E402 (the worker times its loop as this process does)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -101,12 +104,7 @@ def hf_candidate(model, forward, new_tokens, **generate_kwargs):
 
 
 def aot_candidate(step, new_tokens):
-    def call(ids):
-        t = [time.perf_counter()]
-        tokens = ortlite.decode.generate(step, ids, new_tokens, on_token=lambda: t.append(time.perf_counter()))
-        return tokens[0].tolist(), (t[1] - t[0]) * 1000, (t[-1] - t[1]) * 1000 / (len(t) - 2)
-
-    return call
+    return lambda ids: aot_worker_run(step, ids, new_tokens)
 
 
 def aot_step(model, max_cache_len: int, prompt_len: int, options=None):

@@ -21,14 +21,14 @@ def load(path, options=None):
         data = f.read()
     model, lowered, saved = read(path, data)
     source = path if saved["external"] else data  # ORT finds external data beside the path
-    bound = {b["input"] for b in saved["bound"]}
-    if bound and not saved["external"]:
-        # the mutated buffers' initial values (defaults of inputs, for plain onnxruntime) are
-        # bound at every call: without them ONNX Runtime has no input-initializer to warn about
-        kept = [t for t in model.graph.initializer if t.name not in bound]
+    # the mutated buffers' initial values (defaults of inputs, for plain onnxruntime) are bound
+    # at every call: without them ONNX Runtime has no input-initializer to warn about
+    defaults = set() if saved["external"] else {b["input"] for b in saved["bound"]}
+    if defaults:
+        kept = [t for t in model.graph.initializer if t.name not in defaults]
         del model.graph.initializer[:]
         model.graph.initializer.extend(kept)
-    if saved["key_added"] or (bound and not saved["external"]):
+    if saved["key_added"] or defaults:
         source = model.SerializeToString()
     if options.model_transforms:
         for transform in options.model_transforms:
