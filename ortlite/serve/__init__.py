@@ -1,0 +1,164 @@
+"""ortlite.serve: a file CompiledModel.save wrote, served by Ray Serve (pip install "ortlite[serve]").
+
+    from ray import serve
+    import ortlite.serve
+    serve.run(ortlite.serve.app("model.onnx", num_replicas=2))   # HTTP, and a DeploymentHandle
+    python -m ortlite.serve model.onnx --replicas 2 --port 8000  # the same from the shell
+
+Each replica loads the file once, with as many intra-op threads as its num_cpus, and runs one
+call at a time. Requests that differ only in the model's dynamic batch dimension are stacked
+into one call (ServedModel.run_many). HTTP: a KServe v2 JSON request, or a .npy/.npz body
+(ortlite.serve.http); Python callers pass torch tensors to handle.remote and get the model's
+outputs back. See docs/serving.md. `import ortlite` never imports this package (nor Ray).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+
+try:
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import Response
+except ImportError as e:  # pragma: no cover (the serve extra is installed where tested)
+    raise ImportError(f'ortlite.serve needs Ray Serve: pip install "ortlite[serve]" ({e})') from None
+
+import torch
+
+from .http import DATATYPE_OF, JSON, BadRequest, decode, encode, error_body
+from .model import ServedModel
+
+log = logging.getLogger("ortlite")
+
+# Defaults for a small machine (docs/serving.md): Ray's max_ongoing_requests of 5 queued
+# concurrency 32 at the proxy (12 requests/s, p50 2.9 s on 2 cores); batches need requests
+# waiting at the replica.
+MAX_BATCH_SIZE = 16
+BATCH_WAIT_TIMEOUT_S = 0.002
+MAX_ONGOING_REQUESTS = 64
+MAX_BODY_BYTES = 64 << 20
+
+
+def app(
+    path,
+    *,
+    max_batch_size: int = MAX_BATCH_SIZE,
+    batch_wait_timeout_s: float = BATCH_WAIT_TIMEOUT_S,
+    num_replicas: int | str = 1,
+    num_cpus: float = 1,
+    max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    name: str | None = None,
+):
+    """A Ray Serve application serving the saved model at path (serve.run(app) starts it).
+
+    max_batch_size: requests stacked into one call at most (1: no batching); their rows stay
+        within the batch dimension's upper bound. batch_wait_timeout_s: how long a batch waits
+        for more requests after its first. num_replicas: an int, or "auto" (Ray's autoscaling).
+    num_cpus: Ray CPUs per replica; its ONNX Runtime intra-op threads (at least 1).
+    max_ongoing_requests: per replica, before Ray queues at the caller (at least max_batch_size).
+    max_body_bytes: the largest request body (and unpacked .npz) accepted; larger is a 413.
+    name: the deployment's name (KServe's model name); the file's name by default.
+    The path must be readable at the same place on every node that runs a replica.
+    """
+    path = os.path.abspath(os.fspath(path))
+    signature = ServedModel.signature(path)  # the file's problems here, before any replica starts
+    if max_batch_size > 1 and not signature.batches:
+        log.warning(f"ortlite.serve: {path} serves unbatched: {signature.unbatched_reason}")
+    name = name or os.path.splitext(os.path.basename(path))[0]
+    config = {"max_batch_size": max_batch_size, "batch_wait_timeout_s": batch_wait_timeout_s, "max_body_bytes": max_body_bytes, "name": name}
+    deployment = serve.deployment(Replica).options(
+        name=name,
+        num_replicas=num_replicas,
+        ray_actor_options={"num_cpus": num_cpus},
+        max_ongoing_requests=max(max_ongoing_requests, max_batch_size),
+    )
+    return deployment.bind(path, max(1, int(num_cpus)), config)
+
+
+class Replica:
+    """One replica: the loaded model, an executor of one thread that runs its calls (the event
+    loop keeps taking requests meanwhile), the HTTP and Python entry points."""
+
+    def __init__(self, path: str, threads: int, config: dict):
+        torch.set_num_threads(threads)  # ortlite's sessions take their intra-op threads from it
+        self.served = self.load(path)
+        self.config = config
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ortlite-serve")
+        self.batched = self.served.batches and config["max_batch_size"] > 1
+        self._batch.set_max_batch_size(config["max_batch_size"])
+        self._batch.set_batch_wait_timeout_s(config["batch_wait_timeout_s"])
+
+    def load(self, path: str) -> ServedModel:
+        return ServedModel.load(path)
+
+    async def __call__(self, *args, **kwargs):
+        """HTTP: a starlette Request. A DeploymentHandle: the model's own arguments (tensors),
+        answered with its outputs; a bad argument raises ortlite's TypeError or ValueError."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], Request):
+            return await self._http(args[0])
+        answer = await self._run(self.served.flatten(args, kwargs))
+        if isinstance(answer, Exception):
+            raise answer
+        return self.served.unflatten(answer)
+
+    async def _run(self, flat: list):
+        if self.batched:
+            return await self._batch(flat)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.served.run_one, flat)
+
+    @serve.batch(max_batch_size=MAX_BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_TIMEOUT_S)
+    async def _batch(self, calls: list) -> list:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.served.run_many, calls)
+
+    async def _http(self, request: Request) -> Response:
+        served, limit = self.served, self.config["max_body_bytes"]
+        if request.method == "GET":
+            return Response(self.metadata(), media_type=JSON)
+        try:
+            declared = int(request.headers.get("content-length") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            return _error(f"the body is {declared} bytes, over this server's limit of {limit} (max_body_bytes)", 413)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                return _error(f"the body is over this server's limit of {limit} bytes (max_body_bytes)", 413)
+        try:
+            flat, media_type = decode(bytes(body), served.input_names, limit)
+        except BadRequest as e:
+            return _error(str(e), e.status)
+        answer = await self._run(flat)
+        if isinstance(answer, (TypeError, ValueError)):  # ortlite's checks of the arguments
+            return _error(str(answer), 400)
+        if isinstance(answer, Exception):
+            return _error(f"{type(answer).__name__}: {answer}", 500)
+        try:
+            content, media_type = encode(served.output_names, answer, media_type, self.config["name"])
+        except TypeError as e:
+            return _error(str(e), 500)
+        return Response(content, media_type=media_type)
+
+    def metadata(self) -> bytes:
+        """KServe v2 model metadata: inputs with datatype and shape (-1: a dynamic size)."""
+        served = self.served
+        inputs = [
+            {"name": n, "datatype": DATATYPE_OF.get(served.io_dtype if served.io_dtype and s.dtype == torch.float32 else s.dtype, str(s.dtype)),
+             "shape": [d if isinstance(d, int) else -1 for d in s.shape]}
+            for n, s in zip(served.input_names, served.inputs)
+        ]
+        outputs = [{"name": n} for n in served.output_names]
+        return json.dumps({"name": self.config["name"], "platform": "ortlite", "inputs": inputs, "outputs": outputs, "batched": self.batched}).encode()
+
+
+def _error(message: str, status: int) -> Response:
+    return Response(error_body(message), status_code=status, media_type=JSON)
+
+
+__all__ = ["Replica", "ServedModel", "app"]
