@@ -115,6 +115,7 @@ cdef class _Inputs:
     cdef int bind_pattern_key(self, _Binding b) except -1
     cdef _key_inputs(self, pattern_key)
     cdef _feed_names(self)
+    cdef bint _any_nested(self, tuple args)
     cdef list _bind_guarded(self, _Binding b, tuple args)
     cdef list _bind_validated(self, _Binding b, tuple args)
     cdef inline _bind_input(self, _Binding b, Py_ssize_t i, shape, uintptr_t ptr)

@@ -18,6 +18,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .decomp import decomposition_table
 from .frozen import frozen_inputs, sub_frozen, weight_indices
@@ -197,6 +198,16 @@ class Backend:
             raise TypeError(f"ortlite backend: unexpected arguments {sorted(kwargs)}")
         if options:
             return self.for_options(options)(gm, example_inputs)
+        unbound = unbindable(example_inputs)
+        if unbound:  # (Dynamo guards on the dispatch keys and type: the calls get the same kinds)
+            if self.options.fallback == "error":
+                raise UnsupportedError(f"ortlite cannot bind {unbound} arguments")
+            warn_once(f"ortlite: graphs with {unbound} arguments run in torch (ortlite binds strided CPU and CUDA tensors)")
+            return gm
+        subclassed = [i for i, x in enumerate(example_inputs) if _torch_function_subclass(x)]
+        if subclassed:  # aot_autograd cannot trace them; the graph Dynamo traced holds what their __torch_function__ does
+            plain = [x.as_subclass(torch.Tensor) if i in subclassed else x for i, x in enumerate(example_inputs)]
+            return _PlainArguments(self(gm, plain), subclassed)
         if not torch.fx.experimental._config.backed_size_oblivious:
             self._warn_if_sizes_nest(gm)
         # Dynamo's example inputs are the real tensors (parameters included): the inference
@@ -474,6 +485,46 @@ class Backend:
             if origin is None or self.options.fallback == "error":
                 raise
             raise MissingKernel(origin, missing_kernel_reason(e, gm, origin)) from e
+
+
+def unbindable(example_inputs) -> str | None:
+    """The kind of a graph's arguments (Dynamo's example inputs: real tensors) that ortlite
+    cannot bind, e.g. "mkldnn", or None. Subclasses aot_autograd flattens into their inner
+    tensors (nested jagged tensors, DTensor) are bound as those."""
+    for x in example_inputs:
+        if not isinstance(x, torch.Tensor) or is_traceable_wrapper_subclass(x):
+            continue
+        if type(x).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+            return f"tensor subclass {type(x).__name__} (a __torch_dispatch__ of its own)"
+        if x.is_nested:
+            return "nested"
+        if x.layout is not torch.strided:
+            return str(x.layout).removeprefix("torch.").lstrip("_")
+        if x.is_quantized:
+            return "quantized"
+        if x.device.type not in ("cpu", "cuda"):
+            return f"{x.device.type} device"
+    return None
+
+
+def _torch_function_subclass(x) -> bool:
+    """A tensor subclass that only Dynamo handles (what its __torch_function__ does is in the
+    graph it traced): aot_autograd and the graph's torch parts take it as a plain tensor."""
+    return isinstance(x, torch.Tensor) and type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter and not is_traceable_wrapper_subclass(x)
+
+
+class _PlainArguments:
+    """A compiled graph called with its tensor-subclass arguments as plain tensors (the same
+    memory and autograd history); Dynamo makes the results the subclass again."""
+
+    def __init__(self, compiled, positions: list[int]):
+        self.compiled, self.positions = compiled, positions
+
+    def __call__(self, *args):
+        args = list(args)
+        for i in self.positions:
+            args[i] = args[i].as_subclass(torch.Tensor)
+        return self.compiled(*args)
 
 
 class MissingKernel(Exception):

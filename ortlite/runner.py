@@ -437,6 +437,8 @@ def describe_mismatch(graph, index, input_name, dtype, device_index, shape, got)
     where = f"ortlite graph {graph}: argument {index} ({input_name})"
     if not isinstance(got, torch.Tensor):
         return TypeError(f"{where}: expected {expected}, got {type(got).__name__}")
+    if got.is_nested:
+        return TypeError(f"{where}: expected {expected}, got a nested tensor (ortlite binds strided tensors' memory: pass its components)")
     actual = f"a {got.dtype} tensor of shape {tuple(got.shape)} on {got.device}"
     if got.dtype != dtype:
         return TypeError(f"{where}: expected {expected}, got {actual}")

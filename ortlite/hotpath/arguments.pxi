@@ -177,7 +177,7 @@ cdef class _Inputs:
         """Checks and binds the call's arguments; returns the contiguous copies made, to be
         kept alive until the run ends (None: none)."""
         if (self.raw_checks != NULL and self._raw_guarded(args)) or (
-                self.guard_check is not None and self.guard_check(*self._tensor_args(args))):
+                self.guard_check is not None and not self._any_nested(args) and self.guard_check(*self._tensor_args(args))):
             return self._bind_guarded(b, args)
         return self._bind_validated(b, args)
 
@@ -216,7 +216,7 @@ cdef class _Inputs:
             kind = self.kinds[i]
             a = args[i]
             if kind == K_TENSOR:
-                if not isinstance(a, Tensor) or a.dtype is not self.dtypes[i] or not self._device_ok(i, a):
+                if not isinstance(a, Tensor) or _nested(a) or a.dtype is not self.dtypes[i] or not self._device_ok(i, a):
                     self._mismatch(i, a)
                 shape = a.shape
                 if self.static[i]:
@@ -345,6 +345,13 @@ cdef class _Inputs:
             raise
         self.raw_types = [type(args[i]) for i in tensors]
         self.raw_checks, self.n_raw_checks = checks, len(tensors)
+
+    cdef bint _any_nested(self, tuple args):
+        cdef Py_ssize_t i
+        for i in range(self.n_given):
+            if self.c_kinds[i] == K_TENSOR and _nested(args[i]):
+                return True
+        return False
 
     cdef tuple _tensor_args(self, tuple args):
         if self.all_tensors:

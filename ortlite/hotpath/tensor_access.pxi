@@ -382,6 +382,20 @@ def _find_guard_layout():
 RAW_GUARD_LAYOUT = _verdict(_find_guard_layout) if _raw_data else None
 _raw_guard = RAW_GUARD_LAYOUT is True
 
+# A nested tensor of the strided layout is a Tensor whose sizes and strides throw: TensorGuards'
+# check throws them through C++ that cannot (the process aborts), so the guarded path never
+# hands it one, and validation names it.
+cdef uint64_t _NESTED_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.NestedTensor).raw_repr()
+
+
+cdef inline bint _nested(object a):
+    """a is a Tensor or Parameter (the types a guard is built from) that is nested."""
+    if type(a) is not Tensor and type(a) is not _Parameter:
+        return False
+    if _raw_guard:
+        return ((<uint64_t*>((<char*>_impl_of(a)) + _KEYS_OFFSET))[0] & _NESTED_KEY) != 0
+    return a.is_nested
+
 
 def raw_counts():
     """Whether the recycling check reads reference counts from torch's objects directly."""
