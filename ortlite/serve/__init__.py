@@ -38,7 +38,7 @@ log = logging.getLogger("ortlite")
 # concurrency 32 at the proxy (12 requests/s, p50 2.9 s on 2 cores); batches need requests
 # waiting at the replica.
 MAX_BATCH_SIZE = 16
-BATCH_WAIT_TIMEOUT_S = 0.002
+BATCH_WAIT_TIMEOUT_S = 0.0
 MAX_ONGOING_REQUESTS = 64
 MAX_BODY_BYTES = 64 << 20
 
@@ -53,6 +53,7 @@ def app(
     max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
     max_body_bytes: int = MAX_BODY_BYTES,
     name: str | None = None,
+    replica: type | None = None,
 ):
     """A Ray Serve application serving the saved model at path (serve.run(app) starts it).
 
@@ -63,6 +64,7 @@ def app(
     max_ongoing_requests: per replica, before Ray queues at the caller (at least max_batch_size).
     max_body_bytes: the largest request body (and unpacked .npz) accepted; larger is a 413.
     name: the deployment's name (KServe's model name); the file's name by default.
+    replica: a subclass of Replica (bench/serve.py's peer serves the file in plain onnxruntime).
     The path must be readable at the same place on every node that runs a replica.
     """
     path = os.path.abspath(os.fspath(path))
@@ -71,7 +73,7 @@ def app(
         log.warning(f"ortlite.serve: {path} serves unbatched: {signature.unbatched_reason}")
     name = name or os.path.splitext(os.path.basename(path))[0]
     config = {"max_batch_size": max_batch_size, "batch_wait_timeout_s": batch_wait_timeout_s, "max_body_bytes": max_body_bytes, "name": name}
-    deployment = serve.deployment(Replica).options(
+    deployment = serve.deployment(replica or Replica).options(
         name=name,
         num_replicas=num_replicas,
         ray_actor_options={"num_cpus": num_cpus},
