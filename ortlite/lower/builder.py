@@ -121,6 +121,26 @@ FAILURE_ERRORS = {"RuntimeError": RuntimeError, "IndexError": IndexError}
 TO_TORCH = "torch"
 
 
+class Names(set):
+    """Value names in use. fresh(base): base, or base_<k> with the first k not in use after
+    those fresh gave for base before (a counter per base: n names of one base cost n steps,
+    not n**2, e.g. a graph's thousand Adds)."""
+
+    def __init__(self, names=()):
+        super().__init__(names)
+        self._next: dict[str, int] = {}
+
+    def fresh(self, base: str) -> str:
+        k = self._next.get(base, 0)
+        name = base if k == 0 else f"{base}_{k}"
+        while name in self:
+            k += 1
+            name = f"{base}_{k}"
+        self._next[base] = k + 1
+        self.add(name)
+        return name
+
+
 class GraphBuilder:
     def __init__(self, name: str, opset: int):
         self.name = name
@@ -130,7 +150,7 @@ class GraphBuilder:
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.extra_domains: dict[str, int] = {}
-        self._used: set[str] = set()
+        self._used = Names()
         self._constants: dict[tuple, Value] = {}
         self.current_origin = ""  # the FX node being lowered; ONNX node names start with it
         self.node_origin: dict[str, str] = {}  # ONNX node name -> FX node name
@@ -162,13 +182,7 @@ class GraphBuilder:
         self.failures.append((condition, f"while running FallbackCheck node. Name:'{check}' Status Message: {reason}", TO_TORCH))
 
     def fresh(self, hint: str) -> str:
-        base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
-        name, i = base, 0
-        while name in self._used:
-            i += 1
-            name = f"{base}_{i}"
-        self._used.add(name)
-        return name
+        return self._used.fresh("".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v")
 
     def op(self, op_type: str, *inputs: str | None, outputs: int = 1, domain: str = "", **attrs: Any):
         """Add a node; returns its output name (or a tuple of names when outputs > 1)."""

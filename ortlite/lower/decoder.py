@@ -32,7 +32,7 @@ class _Graph:
         self.inputs = {i.name: i for i in graph.input}
         self.initializers = {t.name: t for t in graph.initializer}
         self._values: dict[str, np.ndarray | None] = {}
-        self._keys: dict[str, object] = {}
+        self._keys: StructuralIds | None = None
 
     def made_by(self, value: str, *op_types: str):
         """The node making value through Identities, if its op type is one of op_types."""
@@ -138,27 +138,58 @@ def _positions(g: _Graph, value: str):
     return None
 
 
-def _key(g: _Graph, value: str):
-    """A key equal for values computed alike: the same ops, attributes and constants from the
-    same graph inputs (transformers computes cache_position[0] and the sequence length anew
-    in every layer), through Identities."""
-    value = g.root(value)
-    if value in g._keys:
-        return g._keys[value]
-    g._keys[value] = ("cycle", value)  # (graphs have none; a guard all the same)
-    node = g.producer.get(value)
-    if value in g.initializers:
-        t = g.initializers[value]
-        result = ("const", t.data_type, tuple(t.dims), t.SerializeToString() if np.prod(t.dims) <= 64 else t.name)
-    elif node is None:
-        result = ("input", value)
-    elif any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-        result = ("node", value)
-    else:
-        attrs = tuple(sorted(a.SerializeToString() for a in node.attribute))
-        result = (node.op_type, node.domain, attrs, tuple(_key(g, i) if i else "" for i in node.input), list(node.output).index(value))
-    g._keys[value] = result
-    return result
+class StructuralIds:
+    """An int per value, equal for values computed alike: the same ops, attributes and
+    constants from the same graph inputs, through Identities (transformers computes
+    cache_position[0] and the sequence length anew in every layer). Hash-consed: a value's
+    id is interned from its node's op, attributes and its inputs' ids, each computed once, so
+    a graph with reconvergent paths (residual adds, SE gates) costs time linear in its size."""
+
+    def __init__(self, producer: dict, initializers: dict):
+        self.producer, self.initializers = producer, initializers  # producer: value -> node
+        self.ids: dict[str, int] = {}
+        self.interned: dict[tuple, int] = {}
+
+    def __call__(self, value: str) -> int:
+        ids, stack, expanded = self.ids, [value], set()
+        while stack:  # (iterative: a deep graph's paths would pass Python's recursion limit)
+            v = stack[-1]
+            if v in ids:
+                stack.pop()
+                continue
+            node = self.producer.get(v)
+            if v in self.initializers:
+                t = self.initializers[v]
+                small = int(np.prod(t.dims)) <= 64
+                structure = ("const", t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes() if small else v)
+            elif node is None or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+                structure = ("value", v)
+            else:
+                missing = [i for i in node.input if i and i not in ids]
+                if missing and v in expanded:  # its inputs came back without ids: a cycle (graphs have none)
+                    structure = ("value", v)
+                elif missing:
+                    expanded.add(v)
+                    stack.extend(missing)
+                    continue
+                elif node.op_type == "Identity" and node.domain in ("", "ai.onnx"):
+                    ids[v] = ids[node.input[0]]
+                    stack.pop()
+                    continue
+                else:
+                    attrs = tuple(sorted(a.SerializeToString() for a in node.attribute))
+                    inputs = tuple(ids[i] if i else -1 for i in node.input)
+                    structure = (node.op_type, node.domain, attrs, inputs, list(node.output).index(v))
+            ids[v] = self.interned.setdefault(structure, len(self.interned))
+            stack.pop()
+        return ids[value]
+
+
+def _key(g: _Graph, value: str) -> int:
+    """value's StructuralIds id in g."""
+    if g._keys is None:
+        g._keys = StructuralIds(g.producer, g.initializers)
+    return g._keys(value)
 
 
 def _same_positions(g: _Graph, a, b) -> bool:
@@ -167,9 +198,9 @@ def _same_positions(g: _Graph, a, b) -> bool:
         if isinstance(x, str):
             c = g.constant(x)
             if c is None or c.ndim != 0 or c.dtype.kind != "i":
-                return _key(g, x)
+                return ("value", _key(g, x))
             x = int(c)
-        return x
+        return ("int", x)
 
     return a is not None and b is not None and all(key(x) == key(y) for x, y in zip(a, b))
 
@@ -756,29 +787,7 @@ def repeated_checks(nodes: list, initializers: list, checks: list) -> list[bool]
     earlier one has the same message and kind and a condition computed alike: the same ops,
     attributes and constants from the same graph inputs (a decoder checks its cache
     positions, the same arange(S) + cache_position[0], once per cache it writes)."""
-    producer = {o: (n, i) for n in nodes for i, o in enumerate(n.output)}
-    constants = {t.name: t for t in initializers}
-    memo: dict[str, object] = {}
-
-    def key(value: str):
-        if value in memo:
-            return memo[value]
-        memo[value] = ("cycle", value)  # (graphs have none; a guard all the same)
-        if value in constants:
-            t = constants[value]
-            result = ("const", t.data_type, tuple(t.dims), t.SerializeToString() if np.prod(t.dims) <= 64 else t.name)
-        elif value in producer:
-            node, index = producer[value]
-            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-                result = ("node", value)
-            else:
-                attrs = tuple(sorted(a.SerializeToString() for a in node.attribute))
-                result = (node.op_type, node.domain, attrs, tuple(key(i) if i else "" for i in node.input), index)
-        else:
-            result = ("input", value)
-        memo[value] = result
-        return result
-
+    key = StructuralIds({o: n for n in nodes for o in n.output}, {t.name: t for t in initializers})
     seen, repeated = set(), []
     for condition, message, kind in checks:
         k = (key(condition), message, kind)

@@ -8,7 +8,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from .builder import TORCH_TO_ONNX, onnx_dim
+from .builder import TORCH_TO_ONNX, Names, onnx_dim
 from .ops.common import same_shape
 
 
@@ -633,11 +633,9 @@ def _new_values(graph: onnx.GraphProto, base: str):
     """(fresh(name): name, or name_<k>, that nothing in graph has yet; constant(values): the
     name of an initializer holding values (ints as int64, arrays as they are), one per
     distinct value) for a rewrite adding values to graph."""
-    taken = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    taken = Names({o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input})
     made: dict = {}  # (dtype, shape, bytes) -> initializer name
-
-    def fresh(name: str) -> str:
-        return fresh_name(name, taken)
+    fresh = taken.fresh
 
     def constant(values) -> str:
         array = values if isinstance(values, np.ndarray) else np.array(values, dtype=np.int64)
@@ -666,31 +664,22 @@ def shield_range_gathers(graph: onnx.GraphProto) -> int:
     ]
     if not gathers:
         return 0
-    taken = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    taken = Names({o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | {i.name for i in graph.input})
+    shielded_ids = {id(n) for n in gathers}
     true = None
     nodes = []
     for node in graph.node:
-        if node in gathers:
+        if id(node) in shielded_ids:  # (not `in gathers`: protobuf == compares whole nodes)
             if true is None:
-                true = fresh_name("ortlite_true", taken)
+                true = taken.fresh("ortlite_true")
                 graph.initializer.append(numpy_helper.from_array(np.array(True), true))
-            shielded = fresh_name(f"{node.input[1]}_shielded", taken)
+            shielded = taken.fresh(f"{node.input[1]}_shielded")
             nodes.append(helper.make_node("Where", [true, node.input[1], node.input[1]], [shielded]))
             node.input[1] = shielded
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
     return len(gathers)
-
-
-def fresh_name(base: str, taken: set[str]) -> str:
-    """base, or base_<k> with the first k not taken; then taken."""
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
 
 
 def live_nodes(nodes: list, outputs: set) -> list:

@@ -28,8 +28,8 @@ import onnx
 import torch
 from onnx import helper
 
-from .builder import IR_VERSION, ONNX_TO_TORCH
-from .fusions import fresh_name, live_nodes
+from .builder import IR_VERSION, ONNX_TO_TORCH, Names
+from .fusions import live_nodes
 
 VALUE, SHAPE, WEIGHT = "value", "shape", "weight"
 # weights the runner can feed the prelude (as numpy arrays; CPU weights alone)
@@ -64,12 +64,12 @@ def _shape_of_input(node: onnx.NodeProto, tensor_inputs: set[str]) -> bool:
     return node.op_type == "Shape" and node.domain in ("", "ai.onnx") and node.input[0] in tensor_inputs
 
 
-def _from_shape_input(node: onnx.NodeProto, shape_input: str, taken: set[str]) -> list[onnx.NodeProto]:
+def _from_shape_input(node: onnx.NodeProto, shape_input: str, taken: Names) -> list[onnx.NodeProto]:
     """In the prelude, Shape(x, start, end) reads x's shape from an input of the prelude."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if not attrs:
         return [helper.make_node("Identity", [shape_input], list(node.output))]
-    bounds = [fresh_name(f"{node.output[0]}_start", taken), fresh_name(f"{node.output[0]}_end", taken)]
+    bounds = [taken.fresh(f"{node.output[0]}_start"), taken.fresh(f"{node.output[0]}_end")]
     values = [attrs.get("start", 0), attrs.get("end", 2**63 - 1)]
     return [
         *(helper.make_node("Constant", [], [b], value=helper.make_tensor(b, onnx.TensorProto.INT64, [1], [v])) for b, v in zip(bounds, values)),
@@ -133,12 +133,12 @@ def split_size_constants(model: onnx.ModelProto, int_inputs: list[str], tensor_i
     value_infos = [helper.make_tensor_value_info(name, onnx.TensorProto.INT64, []) for name, _ in prelude_inputs]
     shape_inputs: dict[str, str] = {}  # tensor input -> the prelude input holding its shape
     ranks = {name: len(i.type.tensor_type.shape.dim) for name, i in graph_inputs.items()}
-    taken = input_names | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    taken = Names(input_names | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output})
     for k, node in enumerate(nodes):
         if _shape_of_input(node, shape_readable):
             x = node.input[0]
             if x not in shape_inputs:
-                shape_inputs[x] = fresh_name(f"{x}_shape", taken)
+                shape_inputs[x] = taken.fresh(f"{x}_shape")
                 prelude_inputs.append((x, SHAPE))
                 value_infos.append(helper.make_tensor_value_info(shape_inputs[x], onnx.TensorProto.INT64, [ranks[x]]))
             nodes[k] = _from_shape_input(node, shape_inputs[x], taken)

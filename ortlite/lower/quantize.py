@@ -53,7 +53,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .fusions import _only_user, _reads, drop_unread_initializers, fresh_name, live_nodes
+from .builder import Names
+from .fusions import _only_user, _reads, drop_unread_initializers, live_nodes
 
 MS_DOMAIN = "com.microsoft"
 INT4_BLOCK = 32
@@ -128,7 +129,7 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
     input_dims = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim] for i in graph.input}
     input_types = {i.name: i.type.tensor_type.elem_type for i in graph.input}
     producer = {o: n for n in graph.node for o in n.output}
-    taken = {o for n in graph.node for o in n.output} | set(initializers) | set(input_dims)
+    taken = Names({o for n in graph.node for o in n.output} | set(initializers) | set(input_dims))
     outputs = {o.name for o in graph.output}
     only_user = _only_user(graph)
 
@@ -186,7 +187,7 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
     def value(weight, form, transposed):
         key = (weight, form)
         if key not in made:
-            made[key] = name = fresh_name(f"{weight}_{form}", taken)
+            made[key] = name = taken.fresh(f"{weight}_{form}")
             if weight in initializers:
                 graph.initializer.append(numpy_helper.from_array(derive(form, numpy_helper.to_array(initializers[weight]), transposed), name))
             else:
@@ -228,8 +229,8 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
                 bias, out, removed = other, add.output[0], add
         def int8(out, a=a, weight=weight, transposed=transposed, bias=bias, node=node):
             if a not in activations:
-                activations[a] = [fresh_name(f"{a}_{x}", taken) for x in ("uint8", "scale", "zero")]
-                pending.append(helper.make_node("DynamicQuantizeLinear", [a], activations[a], name=fresh_name(f"{node.name}_quantize", taken)))
+                activations[a] = [taken.fresh(f"{a}_{x}") for x in ("uint8", "scale", "zero")]
+                pending.append(helper.make_node("DynamicQuantizeLinear", [a], activations[a], name=taken.fresh(f"{node.name}_quantize")))
             q, scale, zero = activations[a]
             return _node("MatMulIntegerToFloat", [q, value(weight, "int8", transposed), scale, value(weight, "int8_scale", transposed), zero, "", bias], out, node.name)
 
@@ -243,14 +244,14 @@ def quantize_products(graph: onnx.GraphProto, mode: str, known: dict, frozen: se
             new, kernel = [int4(out)], "int4"
         else:
             if a not in conditions:
-                conditions[a] = fresh_name(f"{a}_few_rows", taken)
+                conditions[a] = taken.fresh(f"{a}_few_rows")
                 new = _few_rows(a, conditions[a], taken)
             else:
                 new = []
             branches = [
-                helper.make_graph([make(branch_out)], fresh_name(f"{node.name}_{label}", taken), [], [helper.make_tensor_value_info(branch_out, onnx.TensorProto.FLOAT, None)])
+                helper.make_graph([make(branch_out)], taken.fresh(f"{node.name}_{label}"), [], [helper.make_tensor_value_info(branch_out, onnx.TensorProto.FLOAT, None)])
                 for make, label in ((int4, "int4"), (int8, "int8"))
-                for branch_out in [fresh_name(f"{out}_{label}", taken)]
+                for branch_out in [taken.fresh(f"{out}_{label}")]
             ]
             new.append(helper.make_node("If", [conditions[a]], [out], name=node.name, then_branch=branches[0], else_branch=branches[1]))
             kernel = f"int4 at <= {INT4_MAX_ROWS} row(s), else int8"
@@ -284,10 +285,10 @@ def _node(op_type: str, inputs: list, output: str, name: str, **attributes) -> o
     return helper.make_node(op_type, inputs, [output], name=name, domain=MS_DOMAIN, **attributes)
 
 
-def _embedding(node, rows: str, scales: str, taken: set) -> list:
+def _embedding(node, rows: str, scales: str, taken: Names) -> list:
     """node (a Gather of a weight's rows) reading int8 rows and their (N, 1) scales instead."""
     index, out = node.input[1], node.output[0]
-    q, scale, widened = (fresh_name(f"{out}_{s}", taken) for s in ("int8", "scale", "float"))
+    q, scale, widened = (taken.fresh(f"{out}_{s}") for s in ("int8", "scale", "float"))
     return [
         helper.make_node("Gather", [rows, index], [q], name=node.name, axis=0),
         helper.make_node("Gather", [scales, index], [scale], axis=0),
@@ -300,9 +301,9 @@ def _axis(node) -> int:
     return next((a.i for a in node.attribute if a.name == "axis"), 0)
 
 
-def _few_rows(a: str, condition: str, taken: set) -> list:
+def _few_rows(a: str, condition: str, taken: Names) -> list:
     """Nodes computing condition = (product of a's leading sizes) <= INT4_MAX_ROWS."""
-    shape, rows, limit = (fresh_name(f"{a}_{s}", taken) for s in ("leading", "rows", "row_limit"))
+    shape, rows, limit = (taken.fresh(f"{a}_{s}") for s in ("leading", "rows", "row_limit"))
     return [
         helper.make_node("Shape", [a], [shape], end=-1),
         helper.make_node("ReduceProd", [shape], [rows], keepdims=0),

@@ -1,0 +1,109 @@
+"""Compile time grows about linearly with graph size: synthetic nets of growing depth whose
+paths reconverge (residual adds, squeeze-excitation gates, dense skips over several blocks,
+index checks on values computed from the whole path above them), lowered by both entry
+points; doubling the depth may at most ~double the lowering's time (<= 2.5x). A pass that
+rebuilds structural keys per comparison, or scans the graph per node, fails here: one such
+pass made torchvision's deeplabv3 compile for more than ten minutes.
+(CPU time of this process, the least of a few lowerings: the machine may be busy.)"""
+
+import gc
+import os
+import signal
+import sys
+import time
+
+import pytest
+import torch
+from torch.export import Dim
+
+import ortlite
+import ortlite.aot
+import ortlite.dynamo_backend
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+from compile_time import ReconvergentNet  # noqa: E402
+
+GROWTH_PER_DOUBLING = 2.5
+BUDGET_S = 120  # a compile looping in Python past this fails here (one stuck in a C call, e.g. hashing, cannot be stopped)
+
+
+@pytest.fixture(autouse=True)
+def budget():
+    def expired(*_):
+        raise TimeoutError(f"compiling took over {BUDGET_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(BUDGET_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _timed(lower_graph, seconds: list, repeats: int = 5):
+    """lower_graph, timed: each call lowers `repeats` times and records the least CPU time
+    (the garbage collector off while timing: its pauses come at random)."""
+
+    def timed(*args, **kwargs):
+        best, lowered = float("inf"), None
+        for _ in range(repeats):
+            gc.collect()
+            gc.disable()
+            try:
+                start = time.process_time()
+                lowered = lower_graph(*args, **kwargs)
+                best = min(best, time.process_time() - start)
+            finally:
+                gc.enable()
+        seconds.append(best)
+        return lowered
+
+    return timed
+
+
+def _assert_linear(times: dict):
+    depths = sorted(times)  # (each twice the one before)
+    for small, large in zip(depths, depths[1:]):
+        ratio = times[large] / times[small]
+        assert ratio <= GROWTH_PER_DOUBLING, f"lowering {times}: depth {small} -> {large} took {ratio:.2f}x"
+
+
+@pytest.mark.parametrize("variant", ["static", "dynamic batch, int8"])
+def test_aot_lowering_time_is_linear_in_depth(monkeypatch, variant):
+    seconds: list = []
+    monkeypatch.setattr(ortlite.aot, "lower_graph", _timed(ortlite.aot.lower_graph, seconds))
+    times = {}
+    for depth in (8, 16, 32):
+        torch.manual_seed(depth)
+        model = ReconvergentNet(depth).eval()
+        x = torch.randn(2, 4, 6, 6)
+        dynamic = {"x": {0: Dim("batch")}} if variant != "static" else None
+        compiled = ortlite.compile(model, (x,), dynamic_shapes=dynamic, options={"quantize": "int8" if "int8" in variant else None})
+        x = torch.randn(3, 4, 6, 6) if dynamic else x
+        with torch.no_grad():
+            expected = model(x)
+        if "int8" in variant:  # (int8 products move the argmaxes: other table rows, other values)
+            assert compiled(x).shape == expected.shape
+        else:
+            torch.testing.assert_close(compiled(x), expected, atol=1e-4, rtol=1e-3)
+        times[depth] = seconds[-1]
+    _assert_linear(times)
+
+
+def test_torch_compile_lowering_time_is_linear_in_depth(monkeypatch):
+    seconds: list = []
+    monkeypatch.setattr(ortlite.dynamo_backend, "lower_graph", _timed(ortlite.dynamo_backend.lower_graph, seconds))
+    times = {}
+    for depth in (4, 8, 16):
+        torch.manual_seed(depth)
+        model = ReconvergentNet(depth).eval()
+        backend = ortlite.Backend()
+        compiled = torch.compile(model, backend=backend, dynamic=True)
+        with torch.no_grad():
+            for batch in (2, 3):
+                x = torch.randn(batch, 4, 6, 6)
+                torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-3)
+        assert backend.stats.graphs == 1 and not backend.stats.fallback_ops, backend.graph_reports
+        times[depth] = sum(seconds)
+        seconds.clear()
+        torch._dynamo.reset()
+    _assert_linear(times)
