@@ -28,10 +28,7 @@ from __future__ import annotations
 import ctypes
 
 import onnx
-import onnxruntime
 import torch
-from onnxruntime.capi import onnxruntime_pybind11_state as C
-from torch.utils.dlpack import to_dlpack
 
 from .logs import warn_once
 from .lower.builder import TORCH_TO_ONNX
@@ -127,20 +124,6 @@ def frozen_model_bytes(model: onnx.ModelProto, names: dict[str, torch.Tensor]) -
         entry = stub.external_data.add()
         entry.key, entry.value = "location", "ortlite-frozen-weight"  # never read
     return frozen.SerializeToString()
-
-
-def ort_values(tensors) -> list:
-    """OrtValues over the tensors' memory (DLPack: no copy) for add_external_initializers.
-    ORT reads external initializers on the host (it turns them into TensorProtos pointing at
-    the memory), so CUDA tensors go through a temporary host copy; ORT then copies them to
-    the device itself."""
-    values = []
-    for t in tensors:
-        host = t.detach() if t.device.type == "cpu" else t.detach().cpu()
-        if t.dtype == torch.bool:  # ORT's DLPack reader takes bools as uint8 with a flag, not kDLBool
-            host = host.view(torch.uint8)
-        values.append(onnxruntime.OrtValue(C.OrtValue.from_dlpack(to_dlpack(host), t.dtype == torch.bool)))
-    return values
 
 
 class BoundWeights:

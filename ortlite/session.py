@@ -12,6 +12,7 @@ import os
 import onnxruntime
 import torch
 from onnxruntime.capi import onnxruntime_pybind11_state as C
+from torch.utils.dlpack import to_dlpack
 
 from . import _fast
 from .logs import warn_once
@@ -144,6 +145,20 @@ def current_cuda_stream(devices: set[torch.device]) -> int | None:
     return None if cuda is None else torch.cuda.current_stream(cuda.index or 0).cuda_stream
 
 
+def ort_values(tensors) -> list:
+    """OrtValues over the tensors' memory (DLPack: no copy) for add_external_initializers.
+    ORT reads external initializers on the host (it turns them into TensorProtos pointing at
+    the memory), so CUDA tensors go through a temporary host copy; ORT then copies them to
+    the device itself."""
+    values = []
+    for t in tensors:
+        host = t.detach() if t.device.type == "cpu" else t.detach().cpu()
+        if t.dtype == torch.bool:  # ORT's DLPack reader takes bools as uint8 with a flag, not kDLBool
+            host = host.view(torch.uint8)
+        values.append(onnxruntime.OrtValue(C.OrtValue.from_dlpack(to_dlpack(host), t.dtype == torch.bool)))
+    return values
+
+
 class SessionCache:
     """One InferenceSession per (model bytes, providers, stream): recompiles of the same
     graph reuse it. On CUDA a session is bound to one torch stream (ORT fixes the compute
@@ -273,8 +288,6 @@ def create_session(
     if unplanned and options.session_options is None:
         so.enable_mem_pattern = False
     if weights:  # initializers over torch's memory; ORT takes what it needs from them
-        from .frozen import ort_values
-
         so.add_external_initializers(list(weights), ort_values(weights.values()))
     wrapper = onnxruntime.InferenceSession(
         model_bytes,
