@@ -81,13 +81,14 @@ def direct(files):
 
 @pytest.fixture(scope="module")
 def port(files):
-    """Ray with 2 CPUs, Serve's HTTP on 127.0.0.1, three apps: mlp batched (64 rows at most),
+    """Ray with 2 CPUs, Serve's HTTP on 127.0.0.1, three apps: mlp batched (64 rows at most, 2 replicas),
     pair unbatched (max_batch_size=1), lookup unbatched (no dynamic size)."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(ortlite.serve.app(files["mlp"], num_cpus=0.5, max_body_bytes=1 << 16, batch_wait_timeout_s=0.01), name="mlp", route_prefix="/mlp")
+        mlp = ortlite.serve.app(files["mlp"], num_replicas=2, num_cpus=0.5, max_body_bytes=1 << 16, batch_wait_timeout_s=0.01)
+        serve.run(mlp, name="mlp", route_prefix="/mlp")
         serve.run(ortlite.serve.app(files["pair"], num_cpus=0.5, max_batch_size=1), name="pair", route_prefix="/pair")
         serve.run(ortlite.serve.app(files["lookup"], num_cpus=0.5), name="lookup", route_prefix="/lookup")
         yield port
@@ -266,12 +267,16 @@ def test_error_inside_a_call_is_a_5xx(port, direct):
     close(outputs(body)["output"], direct["lookup"](ids))
 
 
+def _replicas(app: str) -> set:
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"SERVE_REPLICA::{app}#")}
+
+
 def test_replica_killed_under_load_is_replaced(port, direct):
-    """Requests from 8 threads while the mlp replica is killed: each answer is right, or a 5xx
-    (in flight on the dead replica) whose retry is answered; then the new replica serves."""
+    """Requests from 8 threads while one of mlp's 2 replicas is killed: each answer is right, or
+    a 5xx (in flight on the dead replica) whose retry is answered; Ray starts a replacement."""
     mlp = direct["mlp"]
     xs = [torch.randn(1 + i % 8, 16) for i in range(240)]
-    done = []
+    done, before = [], _replicas("mlp")
 
     def ask(x):
         status, body, _ = request(port, "/mlp", kserve(input=x))
@@ -281,26 +286,31 @@ def test_replica_killed_under_load_is_replaced(port, direct):
     def kill_when_started():
         while len(done) < 60:
             time.sleep(0.01)
-        replica = next(a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::mlp#"))
-        ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]))
+        name = sorted(before)[0]
+        ray.kill(ray.get_actor(name, namespace="serve"))
         done.append("kill")
-        return replica["name"]
+        return name
 
     with concurrent.futures.ThreadPoolExecutor(9) as pool:
         killer = pool.submit(kill_when_started)
         answers = list(pool.map(ask, xs))
         killed = killer.result()
     assert len(done) - done.index("kill") > 100, "the kill came after most of the load: nothing was tested"
-    failed = [x for x, (status, _) in zip(xs, answers) if status != 200]
     assert all(status == 200 or status >= 500 for status, _ in answers), [s for s, _ in answers]
     for x, (status, body) in zip(xs, answers):
         if status == 200:
             close(outputs(body)["output"], mlp(x))
-    deadline = time.monotonic() + 60
-    for x in failed + xs[:4]:  # retried until the replacement answers
+    for x in [x for x, (status, _) in zip(xs, answers) if status != 200]:  # retried: the other replica answers
+        status, body, _ = request(port, "/mlp", kserve(input=x))
+        assert status == 200, body
+        close(outputs(body)["output"], mlp(x))
+    deadline = time.monotonic() + 120
+    while len(now := _replicas("mlp")) < 2 or killed in now:
+        assert time.monotonic() < deadline, f"no replacement for {killed}: {now}"
+        time.sleep(0.5)
+    ray.kill(ray.get_actor(sorted(before - {killed})[0], namespace="serve"))  # now the replacement answers
+    for x in xs[:8]:
         while (answer := request(port, "/mlp", kserve(input=x)))[0] != 200:
             assert answer[0] >= 500 and time.monotonic() < deadline, answer
             time.sleep(0.2)
         close(outputs(answer[1])["output"], mlp(x))
-    replicas = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("SERVE_REPLICA::mlp#")]
-    assert len(replicas) == 1 and replicas != [killed], replicas
