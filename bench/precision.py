@@ -9,6 +9,7 @@ causal LM h512 L4 (8 heads, 4 KV heads, MLP 1376), vocab 32000, logits of a 1-to
 ortlite rows are ortlite.compile; "ortlite tc int8" is torch.compile(backend=ortlite) with
 frozen weights under no_grad, "ortlite tc int8 bf16" the same of the bfloat16 model (float32
 inside, called in bfloat16). Error: 1 - cosine of the output against eager float32.
+bench/tc_stages.py splits the "ortlite tc int8" row's time by stage (Dynamo, aot_autograd, runner).
 """
 
 from __future__ import annotations
