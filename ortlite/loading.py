@@ -49,7 +49,7 @@ def load(path, options=None):
     except Exception as e:  # ORT's own checks of the graph
         raise ValueError(f"ortlite.load: {path}: ONNX Runtime cannot load the model: {e}") from None
     try:
-        compiled = build_runner("aot", lowered, sess, cls=cls, session_for_stream=session_for_stream, from_file=True)
+        compiled = build_runner("aot", lowered, sess, cls=cls, session_for_stream=session_for_stream, from_file=True, ort_allocated=saved["unconfirmed"])
     except Exception as e:  # e.g. its sizes code: whatever fails here, the file's metadata made it fail
         raise ValueError(f"ortlite.load: {path}: its metadata does not make a runner: {type(e).__name__}: {e}") from None
     targets = [b["buffer"] for b in saved["bound"]]

@@ -84,12 +84,15 @@ def _is_static(shape) -> bool:
 
 
 def build_runner(
-    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, cls=_fast.Runner, session_for_stream=None, frozen=frozenset(), from_file=False
+    name: str, lowered: LoweredGraph, sess, *, boxed: bool = False, cls=_fast.Runner, session_for_stream=None, frozen=frozenset(), from_file=False,
+    ort_allocated=frozenset(),
 ) -> _fast.Runner:
     """session_for_stream: for graphs on CUDA, cudaStream_t (int) -> a session computing on
     that stream; sess is then the one for the current stream. frozen: indices of arguments
     that are initializers of the session (checked for changes, not bound). from_file: the
-    graph comes from a saved file (ortlite.load), whose size expressions are not trusted."""
+    graph comes from a saved file (ortlite.load), whose size expressions are not trusted.
+    ort_allocated: indices of ONNX outputs whose shape is not known for sure (a file's, which
+    shape inference could not confirm): ONNX Runtime allocates them at each call."""
     inputs = []
     for index, spec in enumerate(lowered.inputs):
         kind = _fast.ARG_KINDS[spec.kind]
@@ -100,8 +103,8 @@ def build_runner(
         shape = tuple(d if isinstance(d, int) else -1 for d in spec.shape)
         inputs.append((kind, spec.name, spec.dtype, TORCH_TO_ONNX[spec.dtype], ort_device(device), _device_index(device), shape))
     outputs = []
-    for o in lowered.ort_outputs:
-        if _is_static(o.shape):
+    for i, o in enumerate(lowered.ort_outputs):
+        if _is_static(o.shape) and i not in ort_allocated:
             outputs.append((o.name, TORCH_TO_ONNX[o.dtype], ort_device(o.device), output_template(o.dtype, o.shape, o.device), o.shape))
         else:  # allocated per call from the shape sizes_fn computes; the template gives dtype and device
             outputs.append((o.name, TORCH_TO_ONNX[o.dtype], ort_device(o.device), torch.empty((), dtype=o.dtype, device=o.device), None))
@@ -135,7 +138,7 @@ def build_runner(
         lowered.returns_tuple,
         boxed,
         _recycle_outputs(lowered),
-        sizes_function(name, lowered, sym_outputs, from_file=from_file),
+        sizes_function(name, lowered, sym_outputs, from_file=from_file, ort_allocated=ort_allocated),
         RECYCLE_MAX_BYTES,
         stream_of,
         session_for,
@@ -316,14 +319,15 @@ def _contiguous_strides(sizes):
     return list(reversed(strides))
 
 
-def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list, from_file: bool = False):
+def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list, from_file: bool = False, ort_allocated=frozenset()):
     """For graphs with symbolic sizes: a function of the call's arguments that reads each
     symbol from the first argument size it is, checks the other sizes that must equal it
     and the exported ranges, and returns (shapes of the outputs, values of size outputs).
     from_file: the expressions come from a file (ortlite.load): output shapes are checked to be
     ones torch can allocate, and failures to evaluate them are errors naming the graph.
+    ort_allocated: outputs whose shape is None (ONNX Runtime allocates them).
     Generated once as Python source: per call it is a few attribute reads and compares."""
-    dynamic_outputs = [o for o in lowered.ort_outputs if not _is_static(o.shape)]
+    dynamic_outputs = [o for i, o in enumerate(lowered.ort_outputs) if not _is_static(o.shape) or i in ort_allocated]
     if not lowered.symbols and not dynamic_outputs and not sym_outputs:
         return None
     printer = PythonPrinter()
@@ -347,7 +351,7 @@ def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list, from_fil
         values = ", ".join(f"{symbol}={{{symbol}}}" for symbol in sorted(guard.free_symbols, key=str))
         lines.append(f"    if not ({printer.doprint(guard)}): raise _guard_failed({name!r}, {str(guard)!r}, f{values!r})")
     try:
-        shapes = ", ".join(_shape_code(o.shape, lowered.symbols, printer) for o in lowered.ort_outputs)
+        shapes = ", ".join("None" if i in ort_allocated else _shape_code(o.shape, lowered.symbols, printer) for i, o in enumerate(lowered.ort_outputs))
         values = ", ".join(printer.doprint(expr) for expr in sym_outputs)
     except NotImplementedError as e:  # a sympy function PythonPrinter cannot print
         raise ValueError(f"ortlite graph {name}: cannot compute sizes in Python: {e}") from None

@@ -337,6 +337,7 @@ def _decode(model: onnx.ModelProto, m: dict):
     if key_added:  # saved without it (no node reads it): the runner's input again
         model.graph.input.append(onnx.helper.make_tensor_value_info(pattern_key, onnx.TensorProto.UINT8, [pattern_key, 0]))
     _check_graph(model, inputs, ort_outputs, pattern_key)
+    _check_output_order(outputs, ort_outputs, failures)
     bound, weights = m["bound"], []
     initializers = {t.name: t for t in model.graph.initializer}
     for position, b in enumerate(bound):
@@ -366,12 +367,82 @@ def _decode(model: onnx.ModelProto, m: dict):
         raise _Invalid(f"its argument spec has {in_spec.num_leaves} leaves, but the graph takes {n_user} arguments")
     if out_spec.num_leaves != len(outputs) - len(mutations):
         raise _Invalid(f"its output spec has {out_spec.num_leaves} leaves, but the graph returns {len(outputs) - len(mutations)}")
+    inplace = _inplace(m.get("inplace", []), inputs, ort_outputs)
+    input_views = _input_views(m.get("input_views", []), out_spec.num_leaves, n_user)
+    _check_returned_mutations(outputs, mutations, input_views)
+    # outputs whose shape must be exact: flags read on the host, numbers, values copied into
+    # buffers, outputs written into an argument's memory
+    exact = {i for i, _, _ in failures} | {o.index for o in outputs if o.source == "ort" and o.as_scalar}
+    exact |= {o.index for o in outputs[: len(mutations)] if o.source == "ort"}
+    exact |= {i for i, spec in enumerate(ort_outputs) if spec.name in {output for output, _ in inplace}}
+    unconfirmed = _check_output_shapes(model, inputs, ort_outputs, exact)
     lowered = LoweredGraph(
         model, inputs, outputs, ort_outputs, symbols=sizes, symbol_ranges=ranges, disabled_optimizers=disabled, failures=failures, pattern_key=pattern_key,
-        guards=[expr(j) for j in m.get("guards", [])], input_views=_input_views(m.get("input_views", []), out_spec.num_leaves, n_user),
-        io_dtype=_io_dtype(m.get("io_dtype")), inplace=_inplace(m.get("inplace", []), inputs, ort_outputs),
+        guards=[expr(j) for j in m.get("guards", [])], input_views=input_views,
+        io_dtype=_io_dtype(m.get("io_dtype")), inplace=inplace,
     )
-    return lowered, {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec, "key_added": key_added}
+    saved = {"bound": bound, "weights": weights, "mutations": mutations, "in_spec": in_spec, "out_spec": out_spec, "key_added": key_added}
+    return lowered, saved | {"unconfirmed": unconfirmed}
+
+
+def _check_output_order(outputs: list[OutputSpec], ort_outputs: list[InputSpec], failures: list) -> None:
+    """The graph's outputs in the order ortlite writes them: those the call returns, each at
+    its first use (a later use may repeat one), then the failure flags. A file that maps the
+    call's outputs onto other graph outputs is refused (one that repeats an earlier output
+    elsewhere cannot be told from one whose model returned it twice)."""
+    seen = 0
+    for position, o in enumerate(outputs):
+        if o.source != "ort":
+            continue
+        if o.index > seen:
+            raise _Invalid(f"malformed ortlite metadata: outputs[{position}] is graph output {o.index}, but the graph's outputs come in order ({seen} next)")
+        seen += o.index == seen
+    flags = [i for i, _, _ in failures]
+    if seen == 0 and not flags and len(ort_outputs) == 1:
+        return  # the output a graph with nothing to compute has for ONNX Runtime, read by no one (ortlite.aot)
+    if flags != list(range(seen, len(ort_outputs))):
+        raise _Invalid(f"malformed ortlite metadata: failures are graph outputs {flags}, but the graph's outputs after those returned are {list(range(seen, len(ort_outputs)))}")
+
+
+def _check_returned_mutations(outputs: list[OutputSpec], mutations: list, input_views: dict) -> None:
+    """A returned input the model mutates (`return y.add_(1)`: a view of y with no view ops)
+    that the graph computes is the mutation's value, the graph output that writes y."""
+    written = {target: position for position, (kind, target) in enumerate(mutations) if kind == OutputKind.USER_INPUT_MUTATION}
+    for position, (source, chain) in input_views.items():
+        o, m = outputs[len(mutations) + position], written.get(source)
+        if not chain and m is not None and o.source == "ort" and (outputs[m].source, outputs[m].index) != ("ort", o.index):
+            raise _Invalid(
+                f"malformed ortlite metadata: outputs[{len(mutations) + position}] returns input {source}, which the model mutates, "
+                f"as graph output {o.index}, but its new value is outputs[{m}]"
+            )
+
+
+def _check_output_shapes(model, inputs, ort_outputs, exact: set) -> set:
+    """The metadata's output shapes against ONNX Runtime's shape inference of the graph: a
+    size the inference computes must be the metadata's (else the file is refused); returns
+    the outputs with a size it leaves unknown (ONNX Runtime allocates those at each call, so
+    that a wrong size cannot fail the run). Outputs in `exact` must be known whole."""
+    try:
+        inferred = graph_output_shapes(model, inputs)
+    except Exception as e:  # ONNX Runtime's checks of the graph
+        raise _Invalid(f"ONNX Runtime cannot infer its output shapes: {type(e).__name__}: {str(e)[:300]}") from None
+    unconfirmed = set()
+    for i, (spec, shape) in enumerate(zip(ort_outputs, inferred)):
+        if shape is not None and len(shape) != len(spec.shape):
+            raise _Invalid(f"its metadata says output {spec.name} (ort_outputs[{i}].shape) is {list(spec.shape)}, but the graph computes {len(shape)} dims {_dims(shape)}")
+        for k, want in enumerate(spec.shape if shape is not None else ()):
+            got = shape[k]
+            if got is not None and got != want:
+                raise _Invalid(f"its metadata says output {spec.name} (ort_outputs[{i}].shape) is {list(spec.shape)}, but the graph computes {_dims(shape)}")
+        if shape is None or None in shape:
+            if i in exact:
+                raise _Invalid(f"the shape of output {spec.name} (ort_outputs[{i}].shape, {list(spec.shape)}) must be exact, and the graph's shape inference leaves it {_dims(shape)}")
+            unconfirmed.add(i)
+    return unconfirmed
+
+
+def _dims(shape) -> str:
+    return "unknown" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def _inplace(entries, inputs, ort_outputs) -> list:
@@ -536,13 +607,84 @@ def _check_graph(model: onnx.ModelProto, inputs: list[InputSpec], ort_outputs: l
         _check_value(value, spec, "output")
 
 
+SMALL_INITIALIZER = 1024  # elements: an initializer this small may feed a size (a Reshape's shape, Resize's scales)
+
+
+def graph_output_shapes(model: onnx.ModelProto, inputs: list[InputSpec]) -> list:
+    """Per graph output, its shape as ONNX Runtime's own shape inference computes it from the
+    graph alone, for the argument sizes `inputs` gives: None where its rank is unknown, else a
+    list of dims, each an int, the size expression of an argument's dim it equals, or None
+    (unknown). The shapes the file declares (outputs, value_info, subgraphs) are not read:
+    inference starts from the arguments. Weights become inputs of their shape (no data)."""
+    probe = onnx.ModelProto(ir_version=model.ir_version, producer_name="ortlite shape probe")
+    probe.opset_import.extend(model.opset_import)
+    probe.functions.extend(model.functions)
+    graph = probe.graph
+    graph.name = model.graph.name
+    graph.node.extend(model.graph.node)
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in [attribute.g] * attribute.HasField("g") + list(attribute.graphs):
+                _forget_shapes(sub)
+    sizes = {}  # dim_param -> the size expression it stands for
+    specs = {spec.name: spec for spec in inputs if spec.kind != "unused"}
+    for value in model.graph.input:
+        spec = specs.get(value.name)
+        if spec is None:  # (the pattern key: no node reads it)
+            graph.input.append(value)
+            continue
+        dims = []
+        for d in spec.shape:
+            if isinstance(d, int):
+                dims.append(d)
+            else:
+                name = d.name if isinstance(d, sympy.Symbol) else f"ortlite_size_{len(sizes)}"
+                sizes[name] = d
+                dims.append(name)
+        graph.input.append(onnx.helper.make_tensor_value_info(value.name, TORCH_TO_ONNX[spec.dtype], dims))
+    for tensor in model.graph.initializer:
+        if np.prod(tensor.dims, dtype=np.float64) <= SMALL_INITIALIZER:
+            graph.initializer.append(tensor)
+        else:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    for i, value in enumerate(model.graph.output):
+        graph.output.append(onnx.helper.make_tensor_value_info(value.name, value.type.tensor_type.elem_type, None))
+        graph.node.append(onnx.helper.make_node("Shape", [value.name], [f"ortlite_rank_{i}"]))
+        graph.output.append(onnx.helper.make_tensor_value_info(f"ortlite_rank_{i}", onnx.TensorProto.INT64, None))
+    import onnxruntime  # (ortlite.load's session needs it anyway)
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    session = onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    found = [o.shape for o in session.get_outputs()]
+    shapes = []
+    for dims, rank in zip(found[::2], found[1::2]):
+        if not (len(rank) == 1 and isinstance(rank[0], int) and rank[0] == len(dims)):
+            shapes.append(None)
+            continue
+        shapes.append([d if isinstance(d, int) else sizes.get(d) if isinstance(d, str) else None for d in dims])
+    return shapes
+
+
+def _forget_shapes(graph: onnx.GraphProto) -> None:
+    """A subgraph's declared shapes (of its outputs and values) dropped, at any depth."""
+    del graph.value_info[:]
+    for value in graph.output:
+        value.type.tensor_type.ClearField("shape")
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in [attribute.g] * attribute.HasField("g") + list(attribute.graphs):
+                _forget_shapes(sub)
+
+
 def _check_value(value: onnx.ValueInfoProto, spec: InputSpec, what: str) -> None:
     tensor = value.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
     expected = [d if isinstance(d, int) else None for d in spec.shape]
-    if tensor.elem_type != TORCH_TO_ONNX[spec.dtype] or len(dims) != len(expected) or any(
-        e is not None and d != e for d, e in zip(dims, expected)
-    ):
+    # (a static size where the metadata has an expression is a contradiction too: ONNX Runtime
+    # would refuse the sizes the expression allows, at a call)
+    if tensor.elem_type != TORCH_TO_ONNX[spec.dtype] or dims != expected:
         got = f"{onnx.TensorProto.DataType.Name(tensor.elem_type)} {dims}"
         raise _Invalid(f"its metadata says {what} {spec.name} is {spec.dtype} {list(spec.shape)}, but the graph says {got}")
 

@@ -2,14 +2,19 @@
 
     python tests/load_fuzz.py [--cases 10000] [--seed 0]
 
-Each case mutates one saved model (its ortlite metadata, or its ONNX structure), writes it
-into a folder of its own, loads it and calls it. What may happen: load raises ValueError;
-or the model loads and a call returns, or raises ValueError or TypeError naming the problem.
-A loaded file whose change touched only what the outputs are (their sources, constants) or the
-graph may give other results: that is another program. Any other change that loads must give
-the original results. What may not happen: any other exception (ZeroDivisionError, IndexError, KeyError, ...), a crash, a
-hang, a module imported, a file outside the folder read. tests/test_deploy.py runs this in a
-subprocess, so a crash or a hang fails the test with the case that caused it.
+Each case mutates one saved model (its ortlite metadata, its ONNX structure, or what its
+outputs are: their shapes, alone or with the graph's declared ones, and which graph output
+each returned value is), writes it into a folder of its own, loads it and calls it with the
+calls the original file ran. What may happen: load raises ValueError; or the model loads and
+a call returns, or raises ValueError or TypeError naming the problem. A loaded file whose
+change touched only what the outputs are (their sources, constants, structure) or the graph
+may give other results: that is another program. Any other change that loads must give the
+original results. What may not happen: any other exception (ZeroDivisionError, IndexError,
+KeyError, ...), a crash, a hang, a module imported, a file outside the folder read; a late
+error (a file whose metadata alone changed loads, then fails in ONNX Runtime or in its size
+expressions at a call the original ran); a file that returns other graph outputs than the
+original where its metadata alone changed. tests/test_deploy.py runs this in a subprocess,
+so a crash or a hang fails the test with the case that caused it.
 
 Reads outside the folder: the mutations point external data at canary files beside and above
 the folder (and at the working directory); a load that accepts one of them fails the case.
@@ -277,6 +282,57 @@ def mutate_graph(rng, model: onnx.ModelProto) -> str:
     return "nothing"
 
 
+def mutate_outputs(rng, metadata, model: onnx.ModelProto) -> str:
+    """A lie about the outputs: a shape in the metadata (a size, a rank), the same other static
+    size in the metadata and the graph's declared output, or a returned value mapped onto
+    another graph output. Returns what it did."""
+    ort_outputs, plan = metadata["ort_outputs"], metadata["outputs"]
+    symbols = list(metadata.get("symbols", {}))
+    choice = rng.randrange(4)
+    i = rng.randrange(len(ort_outputs))
+    shape = ort_outputs[i]["shape"]
+    if choice == 0 and shape:  # one size
+        k = rng.randrange(len(shape))
+        size = shape[k]
+        others = [s for s in symbols if s != size]
+        shape[k] = rng.choice(
+            ([size + 1, size - 1, 2 * size, 1] if isinstance(size, int) else [["Add", size, 1], ["Mul", 2, size], ["FloorDiv", size, 2], 1, 7])
+            + others
+        )
+        return "output size"
+    if choice == 1:  # the rank
+        if shape and rng.random() < 0.5:
+            del shape[rng.randrange(len(shape))]
+        else:
+            shape.insert(rng.randrange(len(shape) + 1), rng.choice([1, 2] + symbols))
+        return "output rank"
+    if choice == 2:  # graph and metadata both: another static size
+        static = [k for k, d in enumerate(shape) if isinstance(d, int)]
+        if not static:
+            return "nothing"
+        k = rng.choice(static)
+        shape[k] = rng.choice([shape[k] + 1, 2 * shape[k] + 1, max(shape[k] - 1, 0)])
+        (value,) = [o for o in model.graph.output if o.name == ort_outputs[i]["name"]]
+        value.type.tensor_type.shape.dim[k].dim_value = shape[k]
+        return "output size, graph too"
+    returned = [j for j, o in enumerate(plan) if o["source"] == "ort"]
+    if len(returned) > 1 and rng.random() < 0.5:  # two returned values swapped
+        a, b = rng.sample(returned, 2)
+        plan[a]["index"], plan[b]["index"] = plan[b]["index"], plan[a]["index"]
+    elif returned:
+        plan[rng.choice(returned)]["index"] = rng.randrange(len(ort_outputs))
+    elif metadata["failures"]:
+        metadata["failures"][0][0] = rng.randrange(len(ort_outputs))
+    return "output remap"
+
+
+def _graph_outputs(plan) -> list:
+    """Per returned value, the graph output it is (None: not one)."""
+    if not isinstance(plan, list):
+        return None
+    return [o.get("index") if isinstance(o, dict) and o.get("source") == "ort" else None for o in plan]
+
+
 # ---------------------------------------------------------------- running
 
 
@@ -292,7 +348,9 @@ def _same(a, b) -> bool:
 
 
 def run_case(case: int, seed: int, bases: list[dict], root: str) -> str:
-    """One mutation: 'refused', 'ran', 'same', 'call error'; raises on a forbidden outcome."""
+    """One mutation: 'refused', 'ran', 'same', 'call error' (a call refused, naming what is
+    wrong), 'run error' (ONNX Runtime failed running a changed graph); raises on a forbidden
+    outcome."""
     rng = random.Random(seed * 1_000_003 + case)
     base = rng.choice(bases)
     folder = os.path.join(root, f"case{case % 4}", "model")  # canary.bin lies in the folder above
@@ -303,12 +361,23 @@ def run_case(case: int, seed: int, bases: list[dict], root: str) -> str:
     model = onnx.ModelProto.FromString(base["bytes"])
     (entry,) = [p for p in model.metadata_props if p.key == "ortlite"]
     outside, touched = False, {"graph"}
-    if rng.random() < 0.7:
+    original = json.loads(entry.value)
+    roll = rng.random()
+    if roll < 0.55:
         entry.value, touched = mutate_metadata(rng, json.loads(entry.value))
         what = f"metadata {sorted(touched)}"
+    elif roll < 0.75:
+        metadata = json.loads(entry.value)
+        what = mutate_outputs(rng, metadata, model)
+        entry.value = json.dumps(metadata)
+        touched = {"ort_outputs", "outputs", "failures"} | ({"graph"} if what.endswith("graph too") else set())
     else:
         what = mutate_graph(rng, model)
         outside = "external" in what
+    # what the file declares changed, not what its graph computes (its declared output shapes may)
+    metadata_only = "graph" not in touched or what == "output size, graph too"
+    mutated = json.loads(entry.value)
+    remapped = metadata_only and _graph_outputs(original["outputs"]) != _graph_outputs(mutated.get("outputs") if isinstance(mutated, dict) else None)
     if base["data"] is not None:
         with open(path + ".data", "wb") as f:
             f.write(base["data"])
@@ -330,8 +399,14 @@ def run_case(case: int, seed: int, bases: list[dict], root: str) -> str:
     for (args, kwargs), expected in zip(base["calls"], base["expected"]):
         try:
             got = loaded(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-        except ALLOWED_CALL:
-            return "call error"
+        except ALLOWED_CALL as e:
+            # the original ran this call: a file whose metadata alone changed fails it late
+            late = isinstance(e, ortlite._fast.RunError) or "metadata may be malformed" in str(e)
+            if late and metadata_only:
+                raise LateError(f"case {case} ({what}): loaded, then failed at a call the original ran: {type(e).__name__}: {str(e)[:300]}")
+            if os.environ.get("ORTLITE_FUZZ_TRACE"):
+                print(f"case {case} ({what}): {type(e).__name__}: {str(e)[:200]}", file=sys.stderr, flush=True)
+            return "run error" if late else "call error"
         except RuntimeError as e:
             # asked for more memory than the machine has, as any graph can ask (an Expand
             # to a huge shape): torch's allocator says so, as in eager
@@ -339,11 +414,21 @@ def run_case(case: int, seed: int, bases: list[dict], root: str) -> str:
                 raise
             return "call error"
         if not _same(got, expected):
+            if remapped:
+                raise OtherOutputs(f"case {case} ({what}): loaded, and returns other graph outputs than the file before the change")
             # what the outputs are (their sources, constants, structure) is the program, as the graph is
             if not touched & {"outputs", "out_spec", "input_views", "graph"}:
                 raise AssertionError(f"case {case} ({what}): loaded, and its results differ from the file's before the change")
             outcome = "ran"
     return outcome
+
+
+class LateError(AssertionError):
+    """A file that loaded failed at a call its original ran, for what its metadata said."""
+
+
+class OtherOutputs(AssertionError):
+    """A file whose metadata alone changed returns other graph outputs than the original."""
 
 
 def _references_outside(model, folder) -> bool:
@@ -380,7 +465,7 @@ def main(argv=None) -> int:
             f.write(CANARY)
         before = set(sys.modules)
         counts: dict[str, int] = {}
-        slowest = (0.0, -1)
+        slowest, forbidden = (0.0, -1), 0
         try:
             for case in range(args.cases):
                 start = time.perf_counter()
@@ -389,6 +474,10 @@ def main(argv=None) -> int:
                 print(f"case {case}", file=sys.stderr, flush=True) if os.environ.get("ORTLITE_FUZZ_TRACE") else None
                 try:
                     outcome = run_case(case, args.seed, bases, root)
+                except (LateError, OtherOutputs) as e:  # counted, and the run fails at the end
+                    print(f"FORBIDDEN {e}", flush=True)
+                    outcome = "late error" if isinstance(e, LateError) else "other outputs"
+                    forbidden += 1
                 except AssertionError:
                     raise
                 except Exception as e:  # a forbidden exception type
@@ -407,8 +496,9 @@ def main(argv=None) -> int:
         if imported:
             print(f"IMPORTED {sorted(imported)}", flush=True)
             return 1
-    print(f"ok {args.cases} cases: {counts}; slowest case {slowest[1]} {slowest[0] * 1000:.0f} ms", flush=True)
-    return 0
+    verdict = "FAILED" if forbidden else "ok"
+    print(f"{verdict} {args.cases} cases: {counts}; slowest case {slowest[1]} {slowest[0] * 1000:.0f} ms", flush=True)
+    return 1 if forbidden else 0
 
 
 if __name__ == "__main__":
