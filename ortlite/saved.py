@@ -642,10 +642,11 @@ def graph_output_shapes(model: onnx.ModelProto, inputs: list[InputSpec]) -> list
                 sizes[name] = d
                 dims.append(name)
         graph.input.append(onnx.helper.make_tensor_value_info(value.name, TORCH_TO_ONNX[spec.dtype], dims))
+    inputs_now = {value.name for value in graph.input}
     for tensor in model.graph.initializer:
         if np.prod(tensor.dims, dtype=np.float64) <= SMALL_INITIALIZER:
             graph.initializer.append(tensor)
-        else:
+        elif tensor.name not in inputs_now:  # (an input's default: the input is there)
             graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
     for i, value in enumerate(model.graph.output):
         graph.output.append(onnx.helper.make_tensor_value_info(value.name, value.type.tensor_type.elem_type, None))
