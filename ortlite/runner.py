@@ -129,7 +129,7 @@ def build_runner(
         name,
         sess,
         run_options,
-        C.SessionIOBinding,
+        _binding_in_output_order([(name, device) for name, _, device, _, _ in outputs]),
         inputs,
         outputs,
         plan,
@@ -317,6 +317,21 @@ def _contiguous_strides(sizes):
         strides.append(step)
         step = step * d if (step is not None and d is not None) else None
     return list(reversed(strides))
+
+
+def _binding_in_output_order(outputs: list):
+    """A factory of onnxruntime IOBindings (the pybind sessions') with every output bound once
+    in the graph's order: an IOBinding lists its outputs in the order their names were first
+    bound, and the runner binds outputs written in place after the rest, so get_outputs()[i]
+    (an output ONNX Runtime allocated) is output i only so."""
+
+    def binding(sess):
+        iob = C.SessionIOBinding(sess)
+        for name, device in outputs:
+            iob.bind_output(name, device)
+        return iob
+
+    return binding
 
 
 def sizes_function(name: str, lowered: LoweredGraph, sym_outputs: list, from_file: bool = False, ort_allocated=frozenset()):

@@ -15,6 +15,7 @@ import torch
 from torch.export import Dim
 
 import ortlite
+import ortlite.saved
 from conftest import assert_same
 from test_backend import MLP
 
@@ -574,6 +575,38 @@ def test_output_sizes_shape_inference_leaves_unknown_are_not_taken_from_the_file
     loaded = ortlite.load(path)
     for x in (torch.randn(2, 7), torch.randn(2, 12)):
         assert_same(loaded(x), compiled(x))
+
+
+class WrittenHalves(torch.nn.Module):
+    """Rows of a buffer written in place (index_copy_: an output ONNX Runtime writes into the
+    buffer's memory) beside outputs whose sizes a loaded file leaves to ONNX Runtime (a
+    strided slice's (c + 1) // 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rows", torch.zeros(4, 3))
+
+    def forward(self, x, at):
+        self.rows.index_copy_(0, at, x[:, :3])
+        return x[:, ::2] * 2, self.rows.sum(1), x[:, 1::2]
+
+
+@pytest.mark.parametrize("session_options", [False, True], ids=["c_api", "pybind"])
+def test_loaded_outputs_come_in_order_with_outputs_in_place_and_ort_allocated(tmp_path, session_options):
+    """Every output of a loaded file is its own, whichever way the outputs are bound: in place,
+    allocated by ONNX Runtime, preallocated; through the C API and through onnxruntime's Python
+    module (a user's SessionOptions), call after call. (The Python module's IOBinding lists
+    outputs in the order first bound: the cache of a decode step came back as its logits.)"""
+    options = {"session_options": onnxruntime.SessionOptions()} if session_options else None
+    model = WrittenHalves()
+    compiled = ortlite.compile(copy.deepcopy(model), (torch.randn(2, 6), torch.tensor([1, 2])), dynamic_shapes=({1: Dim("c", min=4)}, None))
+    compiled.save(tmp_path / "m.onnx")
+    _, lowered, saved = ortlite.saved.read(str(tmp_path / "m.onnx"), (tmp_path / "m.onnx").read_bytes())
+    assert lowered.inplace and saved["unconfirmed"], "the file no longer has outputs of both kinds: the test tests nothing"
+    loaded = ortlite.load(tmp_path / "m.onnx", options=options)
+    for c, at in ((6, [1, 2]), (9, [0, 3]), (7, [2, 1])):
+        x = torch.randn(2, c)
+        assert_same(loaded(x, torch.tensor(at)), model(x, torch.tensor(at)))
 
 
 class Outputs(torch.nn.Module):
