@@ -1,11 +1,11 @@
 """Per-call overhead of ortlite against eager, inductor and two floors, in one run.
 
-    python bench/overhead.py [--rounds 15] [--iters 2000] [--device cpu|cuda] [--json out.json]
+    python bench/overhead.py [--rounds 15] [--iters 2000] [--device cpu|cuda] [--verbose] [--json out.json]
 
-Candidates: eager, inductor, ortlite (torch.compile), ortlite unfrozen (torch.compile with
-Options(freeze_weights=False)), ortlite AOT (ortlite.compile), and both with sessions through
-onnxruntime's Python module (ortlite pybind, ortlite AOT pybind: ORTLITE_NO_C_API=1, as before
-the C-API path).
+Candidates: eager, inductor, ortlite (torch.compile), ortlite AOT (ortlite.compile); with
+--verbose also ortlite unfrozen (torch.compile with Options(freeze_weights=False)) and both
+ortlite paths with sessions through onnxruntime's Python module (ortlite pybind, ortlite AOT
+pybind: ORTLITE_NO_C_API=1, as before the C-API path), and every ratio.
 Floors, measured in the same run:
   raw ORT       the same ONNX model ortlite built, I/O pre-bound, only run_with_iobinding timed
   C-API floor   the same model through ONNX Runtime's C API: Run on OrtValues made once (CPU only)
@@ -24,6 +24,7 @@ import contextlib
 import glob
 import itertools
 import json
+import logging
 import os
 import random
 import statistics
@@ -210,9 +211,12 @@ def own_code(fn):
 def pybind_sessions():
     old = os.environ.get("ORTLITE_NO_C_API")
     os.environ["ORTLITE_NO_C_API"] = "1"
+    logger = logging.getLogger("ortlite")
+    level, logger.level = logger.level, logging.ERROR  # (its warning that the variable is set: set here on purpose)
     try:
         yield
     finally:
+        logger.setLevel(level)
         if old is None:
             del os.environ["ORTLITE_NO_C_API"]
         else:
@@ -252,7 +256,7 @@ def first_call_s(make, args, sync):
     return time.perf_counter() - start
 
 
-def bench_case(case, device, rounds, iters, with_inductor):
+def bench_case(case, device, rounds, iters, with_inductor, verbose=False):
     label, fn, args = case(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     expected = fn(*args)
@@ -273,16 +277,17 @@ def bench_case(case, device, rounds, iters, with_inductor):
     if with_inductor:
         candidates["inductor"] = torch.compile(own_code(fn), backend="inductor")
     candidates["ortlite"] = torch.compile(own_code(fn), backend=ortlite.Backend())
-    # weights bound as inputs (as before frozen weights; the same for graphs without weights)
-    candidates["ortlite unfrozen"] = torch.compile(own_code(fn), backend=ortlite.Backend(ortlite.Options(freeze_weights=False)))
+    if verbose:  # weights bound as inputs (as before frozen weights; the same for graphs without weights)
+        candidates["ortlite unfrozen"] = torch.compile(own_code(fn), backend=ortlite.Backend(ortlite.Options(freeze_weights=False)))
     candidates["dynamo+aot floor"] = torch.compile(own_code(fn), backend=constant_backend(expected))
     start = time.perf_counter()
     candidates["ortlite AOT"] = ortlite.compile(as_module(fn), args)
     first["ortlite AOT"] = time.perf_counter() - start
-    with pybind_sessions():  # as before the C-API path: sessions through onnxruntime's Python module
-        candidates["ortlite pybind"] = torch.compile(own_code(fn), backend=ortlite.Backend())
-        candidates["ortlite pybind"](*args)
-        candidates["ortlite AOT pybind"] = ortlite.compile(as_module(fn), args)
+    if verbose:
+        with pybind_sessions():  # as before the C-API path: sessions through onnxruntime's Python module
+            candidates["ortlite pybind"] = torch.compile(own_code(fn), backend=ortlite.Backend())
+            candidates["ortlite pybind"](*args)
+            candidates["ortlite AOT pybind"] = ortlite.compile(as_module(fn), args)
     raw, raw_out = raw_ort_floor(onnx_files[0], graph_args(fn, args), device)
     torch.testing.assert_close(raw_out, expected, rtol=1e-4, atol=1e-5)
     c_floor, c_out = c_api_floor(onnx_files[0], graph_args(fn, args), device)
@@ -307,19 +312,29 @@ def bench_case(case, device, rounds, iters, with_inductor):
     ratios = {"ortlite / (dynamo+aot floor + raw ORT floor)": statistics.median(o / f for o, f in zip(samples["ortlite"], floors))}
     ratios["ortlite / dynamo+aot+ORT floor"] = statistics.median(o / f for o, f in zip(samples["ortlite"], samples["dynamo+aot+ORT floor"]))
     ratios["ortlite / eager"] = statistics.median(o / e for o, e in zip(samples["ortlite"], samples["eager"]))
-    ratios["ortlite / ortlite unfrozen"] = statistics.median(o / u for o, u in zip(samples["ortlite"], samples["ortlite unfrozen"]))
     if "inductor" in samples:
         ratios["ortlite / inductor"] = statistics.median(o / i for o, i in zip(samples["ortlite"], samples["inductor"]))
     ratios["ortlite - both floors (µs)"] = statistics.median(o - f for o, f in zip(samples["ortlite"], floors))
     ratios["AOT - raw ORT floor (µs)"] = statistics.median(a - r for a, r in zip(samples["ortlite AOT"], samples["raw ORT floor"]))
     ratios["AOT / eager"] = statistics.median(a / e for a, e in zip(samples["ortlite AOT"], samples["eager"]))
     ratios["AOT / raw ORT floor"] = statistics.median(a / r for a, r in zip(samples["ortlite AOT"], samples["raw ORT floor"]))
-    ratios["AOT / AOT pybind"] = statistics.median(a / p for a, p in zip(samples["ortlite AOT"], samples["ortlite AOT pybind"]))
-    ratios["ortlite / ortlite pybind"] = statistics.median(o / p for o, p in zip(samples["ortlite"], samples["ortlite pybind"]))
+    if verbose:
+        ratios["ortlite / ortlite unfrozen"] = statistics.median(o / u for o, u in zip(samples["ortlite"], samples["ortlite unfrozen"]))
+        ratios["AOT / AOT pybind"] = statistics.median(a / p for a, p in zip(samples["ortlite AOT"], samples["ortlite AOT pybind"]))
+        ratios["ortlite / ortlite pybind"] = statistics.median(o / p for o, p in zip(samples["ortlite"], samples["ortlite pybind"]))
     if "C-API floor" in samples:
         ratios["C-API floor / raw ORT floor"] = statistics.median(c / r for c, r in zip(samples["C-API floor"], samples["raw ORT floor"]))
         ratios["AOT / C-API floor"] = statistics.median(a / c for a, c in zip(samples["ortlite AOT"], samples["C-API floor"]))
     return label, medians, ratios, first
+
+
+def _table(title: str, results: list, field: str, fmt: str) -> None:
+    """One row per key of each result's field, one column per case, aligned."""
+    keys = list(results[0][field])
+    first, width = max(map(len, keys)) + 2, max(len(r["case"]) for r in results) + 2
+    print(f"\n{title}\n{'':<{first}}" + "".join(f"{r['case']:>{width}}" for r in results))
+    for k in keys:
+        print(f"{k:<{first}}" + "".join(f"{r[field][k]:>{width}{fmt}}" for r in results))
 
 
 def main(argv=None):
@@ -329,6 +344,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--cases", default="relu,mlp")
     parser.add_argument("--no-inductor", action="store_true", help="skip inductor (it needs a C++ compiler)")
+    parser.add_argument("--verbose", action="store_true", help="also the unfrozen and pybind candidates, every ratio")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -339,20 +355,12 @@ def main(argv=None):
     results = []
     for key in args.cases.split(","):
         with torch.no_grad():
-            label, medians, ratios, first = bench_case(CASES[key], args.device, args.rounds, args.iters, not args.no_inductor)
+            label, medians, ratios, first = bench_case(CASES[key], args.device, args.rounds, args.iters, not args.no_inductor, args.verbose)
         results.append({"case": label, "per_call_us": medians, "ratios": ratios, "first_call_s": first})
 
-    print(f"\nper-call time, µs (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; {args.device})")
-    names = list(results[0]["per_call_us"])
-    print(f"{'case':<22}" + "".join(f"{n:>18}" for n in names))
-    for r in results:
-        print(f"{r['case']:<22}" + "".join(f"{r['per_call_us'][n]:>18.2f}" for n in names))
-    print("\nratios (median over rounds of each round's ratio)")
-    for r in results:
-        print(f"  {r['case']}: " + "; ".join(f"{k} = {v:.2f}" for k, v in r["ratios"].items()))
-    print("\nfirst call (compile + run), s; Dynamo already warm in the process")
-    for r in results:
-        print(f"  {r['case']}: " + "; ".join(f"{k} {v:.3f}" for k, v in r["first_call_s"].items()))
+    _table(f"per-call time, µs (median of {args.rounds} interleaved rounds x {args.iters} calls; 1 thread; {args.device})", results, "per_call_us", ".2f")
+    _table("ratios (median over rounds of each round's ratio)", results, "ratios", ".2f")
+    _table("first call (compile + run), s; Dynamo already warm in the process", results, "first_call_s", ".3f")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
