@@ -161,10 +161,10 @@ def main(argv=None):
             row = json.loads(lines[-1]) if lines else {"export": f"failed: {done.stderr.strip().splitlines()[-1][:60] if done.stderr.strip() else done.returncode}"}
         except subprocess.TimeoutExpired:
             row = {"export": f"over {args.timeout_s:.0f} s"}
-        print(f"{name:<14}" + "".join(f"{str(row.get(c, '')):>17}" for c in COLUMNS), flush=True)
-        for c in COLUMNS:  # errors in full below the row
-            if isinstance(row.get(c), str) and len(row[c]) > 16:
-                print(f"  {c}: {row[c]}")
+        failed = {c: row[c] for c in COLUMNS if isinstance(row.get(c), str) and len(row[c]) > 16}
+        print(f"{name:<14}" + "".join(f"{'failed' if c in failed else str(row.get(c, '')):>17}" for c in COLUMNS), flush=True)
+        for c, error in failed.items():  # in full below the row
+            print(f"  {c}: {error}")
 
 
 if __name__ == "__main__":
