@@ -18,6 +18,11 @@ MS_DOMAIN = "com.microsoft"
 _CONSTANT_OPS = ("Identity", "Add", "Sub", "Mul", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Cast", "Range", "Concat")
 
 
+def _has(graph: onnx.GraphProto, op_type: str, domain: str = "") -> bool:
+    """Whether graph has a node of op_type (the decoder passes run only where theirs are)."""
+    return any(n.op_type == op_type and n.domain in ((domain, "ai.onnx") if domain == "" else (domain,)) for n in graph.node)
+
+
 class _Graph:
     """What the passes read of a graph: each value's producer and readers, small constants."""
 
@@ -376,6 +381,8 @@ def shared_cache_offsets(graph: onnx.GraphProto, known: dict[str, tuple], failur
     left; P only where S is a number. failures: names of the conditions that make the call
     raise. checks (a list): (each Gather's node name, the ONNX node whose origin it takes) is
     appended. Returns the number of offsets and P read so."""
+    if not _has(graph, "ScatterElements"):  # (no cache writes: nothing to read once)
+        return 0
     g = _Graph(graph, known)
     offsets: dict[str, tuple] = {}  # offset -> (the first ScatterElements writing at arange(S) + it, S)
     for node in graph.node:
@@ -491,6 +498,8 @@ def proven_attention_masks(
     checked positions P): (condition, reason, ONNX node name) is appended, for the graph to
     fail the run (to torch) where the condition is true; checked_masks[mask] = ((S, p), L),
     for static_cache_attention. Returns the count."""
+    if not (_has(graph, "ScatterElements") and _has(graph, "If")):  # (the masks of a static cache's attention)
+        return 0
     g = _Graph(graph, known)
     fresh, constant = _new_values(graph, "ortlite_mask_check")
     checked = []  # ((S, p), L, the positions' value, the ScatterElements)
@@ -611,6 +620,8 @@ def static_cache_attention(
     its buffers), batch 1 (the kernel's condition for S > 1 with a past), float32, head
     size a multiple of 8, Attention in its 4-D form reading the cache's Hkv heads (after
     fusions.attention_takes_grouped_heads). Returns the count."""
+    if not (_has(graph, "ScatterElements") and _has(graph, "Attention")):
+        return 0
     g = _Graph(graph, known)
     fresh, constant = _new_values(graph, "ortlite_gqa_const")
     rewritten, removed = {}, set()
@@ -752,6 +763,8 @@ def skip_simplified_norms(graph: onnx.GraphProto, known: dict[str, tuple]) -> in
     kernel instead of two passes. Only float32 x and y of the same shape (the kernel does not
     broadcast), the norm over the last axis with a 1-D weight that is an initializer or a
     graph input (what fusions.fuse_rms_norm makes). Returns the count."""
+    if not _has(graph, "SimplifiedLayerNormalization"):
+        return 0
     g = _Graph(graph, known)
     replaced, removed = {}, set()
     for norm in graph.node:
@@ -1055,6 +1068,8 @@ def rotary_inside_attention(graph: onnx.GraphProto, known: dict[str, tuple], ops
     p..p+S-1, from cos and sin tables of the L cache positions, computed now by ONNX
     Runtime from the graph's own nodes (the values the graph gives at those positions).
     Three nodes fewer per attention. Returns the count."""
+    if not _has(graph, "GroupQueryAttention", MS_DOMAIN):
+        return 0
     g = _Graph(graph, known)
     g.opset, g.frozen = opset, frozen
     fresh, constant = _new_values(graph, "ortlite_rotary_table")
