@@ -219,7 +219,7 @@ class Backend:
                 fw_compiler=self._compile_forward,
                 bw_compiler=self._compile_backward,
                 inference_compiler=functools.partial(self._compile_inference, dynamo_graph),
-                decompositions=decomposition_table(),
+                decompositions=decomposition_table(self.options.random),
                 partition_fn=min_cut_rematerialization_partition,
             )(gm, example_inputs)
         finally:

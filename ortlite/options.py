@@ -11,6 +11,7 @@ import onnxruntime
 MIN_OPSET = 18
 DEFAULT_OPSET = 20
 QUANTIZE_MODES = (None, "int8", "int4")
+RANDOM_MODES = ("torch", "onnxruntime")
 
 
 def _normalize_providers(field: str, value: Any) -> tuple:
@@ -88,6 +89,13 @@ class Options:
         has more (int4's kernel is slower there). Embeddings: rows int8, a scale each.
         Attention's products, norms and the rest stay float. A bfloat16 or float16 model on
         CPU is computed in float32 inside (ortlite.widen), called in its own dtype.
+    random: who draws the random numbers of training graphs (dropout). "torch" (default):
+        torch's generator, the values eager draws: dropout's mask is drawn by torch from the
+        input's size ahead of the graph (CPU), the graph stays one ONNX Runtime session.
+        "onnxruntime": ONNX Runtime's generators (Dropout, RandomUniform; also rand,
+        rand_like, bernoulli), the same distributions, not eager's values; seeded per node
+        from torch.initial_seed() when the session is built, then advancing call by call
+        (a torch.manual_seed after that does not reset them). See docs/training.md.
     """
 
     providers: tuple = ()
@@ -103,6 +111,7 @@ class Options:
     size_constants: bool = True
     sort_ties: str = "torch"
     quantize: str | None = None
+    random: str = "torch"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -119,6 +128,8 @@ class Options:
             raise ValueError(f"Options.sort_ties must be 'torch' or 'stable', got {self.sort_ties!r}")
         if self.quantize not in QUANTIZE_MODES:
             raise ValueError(f"Options.quantize must be one of {QUANTIZE_MODES}, got {self.quantize!r}")
+        if self.random not in RANDOM_MODES:
+            raise ValueError(f"Options.random must be one of {RANDOM_MODES}, got {self.random!r}")
         transforms = self.model_transforms
         if callable(transforms):
             transforms = (transforms,)
