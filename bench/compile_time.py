@@ -8,9 +8,10 @@ than ten minutes). Each model compiles in a subprocess of its own with a wall-cl
 Columns, in wall seconds (first call for torch.compile):
   export         torch.export.export alone
   ortlite.compile  the whole ahead-of-time compile (export, decompositions, lowering, session)
-    lowering     of which ortlite's lowering (lower_graph: the op table and every pass)
+    lowering     of which ortlite's lowering (lower_graph: the op table and every pass), in
+                 CPU seconds of the thread (steady on a busy machine, where wall time is not)
   torch.compile  torch.compile(backend="ortlite")'s first call, under no_grad
-    lowering     of which ortlite's lowering
+    lowering     of which ortlite's lowering, CPU seconds
   inductor       torch.compile's first call with inductor (--no-inductor leaves it out)
 
 "residual-N": tests/test_compile_time.py's net of N residual SE blocks with dense skips and
@@ -94,15 +95,15 @@ def build(name: str):
 
 
 def _timing(module, name: str, spent: list):
-    """module.name wrapped: each call's wall seconds appended to spent."""
+    """module.name wrapped: each call's CPU seconds (this thread's) appended to spent."""
     original = getattr(module, name)
 
     def timed(*args, **kwargs):
-        start = time.perf_counter()
+        start = time.thread_time()
         try:
             return original(*args, **kwargs)
         finally:
-            spent.append(time.perf_counter() - start)
+            spent.append(time.thread_time() - start)
 
     setattr(module, name, timed)
 
@@ -151,7 +152,7 @@ def main(argv=None):
     if args.one:
         print(json.dumps(measure(args.one, not args.no_inductor)))
         return
-    print(f"torch {torch.__version__}, 1 thread, wall seconds (first call for torch.compile)")
+    print(f"torch {torch.__version__}, 1 thread, wall seconds (first call for torch.compile); lowering columns: CPU seconds")
     print(f"{'model':<14}" + "".join(f"{c:>17}" for c in COLUMNS))
     for name in args.models.split(","):
         command = [args.python, os.path.abspath(__file__), "--one", name] + (["--no-inductor"] if args.no_inductor else [])
