@@ -97,10 +97,10 @@ def port(files):
         ray.shutdown()
 
 
-def request(port, route, body: bytes, method="POST", timeout=60):
+def request(port, route, body: bytes, method="POST", timeout=60, headers=None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request(method, route, body=body)
+        conn.request(method, route, body=body, headers=headers or {})
         response = conn.getresponse()
         return response.status, response.read(), response.getheader("content-type")
     finally:
@@ -183,6 +183,9 @@ def test_answers_equal_the_direct_call(port, direct):
         close(outputs(body)["output"], mlp(x))
     status, body, media = request(port, "/mlp", npy(xs[2].numpy()))
     assert status == 200 and media == "application/x-npy"
+    close(torch.from_numpy(np.load(io.BytesIO(body))), mlp(xs[2]))
+    status, body, media = request(port, "/mlp", kserve(input=xs[2]), headers={"Accept": "application/x-npy"})
+    assert status == 200 and media == "application/x-npy"  # JSON in, .npy out
     close(torch.from_numpy(np.load(io.BytesIO(body))), mlp(xs[2]))
 
     x, y = torch.randn(3, 6), torch.randn(3, 6)

@@ -29,7 +29,7 @@ except ImportError as e:  # pragma: no cover (the serve extra is installed where
 
 import torch
 
-from .http import DATATYPE_OF, JSON, BadRequest, decode, encode, error_body
+from .http import DATATYPE_OF, JSON, BadRequest, decode, encode, error_body, reply_type
 from .model import ServedModel
 
 log = logging.getLogger("ortlite")
@@ -141,6 +141,7 @@ class Replica:
             return _error(str(answer), 400)
         if isinstance(answer, Exception):
             return _error(f"{type(answer).__name__}: {answer}", 500)
+        media_type = reply_type(media_type, request.headers.get("accept", ""))
         try:
             content, media_type = encode(served.output_names, answer, media_type, self.config["name"])
         except TypeError as e:

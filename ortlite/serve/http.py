@@ -45,8 +45,8 @@ def decode(body: bytes, names: list[str], max_bytes: int) -> tuple[list, str]:
 
 
 def encode(names: list[str], outputs: list, media_type: str, model_name: str) -> tuple[bytes, str]:
-    """(body, media type) of the answer: JSON for JSON requests, .npy for one output of a .npy
-    or .npz request, else .npz by output name."""
+    """(body, media type) of the answer: JSON where media_type is JSON, else .npy for one
+    output of a .npy request (or one asking for it), else .npz by output name."""
     if media_type == JSON:
         return json.dumps({"model_name": model_name, "outputs": [_kserve_output(n, o) for n, o in zip(names, outputs)]}).encode(), JSON
     out = io.BytesIO()
@@ -56,6 +56,14 @@ def encode(names: list[str], outputs: list, media_type: str, model_name: str) ->
         return out.getvalue(), NPY
     np.savez(out, **arrays)
     return out.getvalue(), NPZ
+
+
+def reply_type(media_type: str, accept: str) -> str:
+    """The answer's form: what the Accept header asks for (a JSON request may ask for .npy),
+    else the request's."""
+    if NPY in accept or NPZ in accept:
+        return NPY
+    return JSON if JSON in accept else media_type
 
 
 def error_body(message: str) -> bytes:
