@@ -17,7 +17,7 @@ import torch.fx.experimental._config
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .decomp import decomposition_table
@@ -494,7 +494,8 @@ def unbindable(example_inputs) -> str | None:
     for x in example_inputs:
         if not isinstance(x, torch.Tensor) or is_traceable_wrapper_subclass(x):
             continue
-        if type(x).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        # (DDPOptimizer compiles each bucket's graph with fake example inputs)
+        if type(x).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__ and not isinstance(x, FakeTensor):
             return f"tensor subclass {type(x).__name__} (a __torch_dispatch__ of its own)"
         if x.is_nested:
             return "nested"
@@ -510,7 +511,7 @@ def unbindable(example_inputs) -> str | None:
 def _torch_function_subclass(x) -> bool:
     """A tensor subclass that only Dynamo handles (what its __torch_function__ does is in the
     graph it traced): aot_autograd and the graph's torch parts take it as a plain tensor."""
-    return isinstance(x, torch.Tensor) and type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter and not is_traceable_wrapper_subclass(x)
+    return isinstance(x, torch.Tensor) and type(x) not in (torch.Tensor, torch.nn.Parameter, FakeTensor) and not is_traceable_wrapper_subclass(x)
 
 
 class _PlainArguments:

@@ -16,16 +16,18 @@ import torch
 import torch.multiprocessing
 
 STEPS = 3
+WIDTH = 512  # the MLPs' 1 MiB middle layer fills DDP's first gradient bucket: DDPOptimizer
+# splits their graphs there (and compiles each part with fake example inputs)
 DEADLINE_S = 240  # the whole spawn, both processes (about 60 s on an idle 2-core machine)
 
 
 class MLP(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+        self.up, self.mid, self.down = torch.nn.Linear(16, WIDTH), torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, 4)
 
     def forward(self, x):
-        return self.down(torch.nn.functional.gelu(self.up(x)))
+        return self.down(torch.relu(self.mid(torch.nn.functional.gelu(self.up(x)))))
 
 
 class CNN(torch.nn.Module):
@@ -54,7 +56,7 @@ def _gpt2():
 CASES = {
     "mlp": (MLP, "compile(DDP)", lambda g: torch.randn(8, 16, generator=g)),
     "sequential": (
-        lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)),
+        lambda: torch.nn.Sequential(torch.nn.Linear(16, WIDTH), torch.nn.GELU(), torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 4)),
         "DDP(compile)",
         lambda g: torch.randn(8, 16, generator=g),
     ),
@@ -167,5 +169,7 @@ def test_ddp_training_matches_eager_ddp(ddp_results, name):
         assert result["state_difference"] < 1e-4, (rank, result["state_difference"])
         assert result["ran"] == ["backward", "forward"], (rank, result)
         assert result["runs"] >= 2 * STEPS, (rank, result)
+        if name in ("mlp", "sequential"):  # split at the bucket: two forward and two backward graphs
+            assert result["graphs"] == 4, (rank, result)
     # different data per rank, one model: DDP's averaging makes the weights equal
     assert ddp_results[0][name]["eager"] != ddp_results[1][name]["eager"]
