@@ -1,4 +1,4 @@
-"""DistributedDataParallel training with ortlite: 2 real processes on gloo (127.0.0.1), each
+"""DistributedDataParallel (and FSDP2) training with ortlite: 2 real processes on gloo (127.0.0.1), each
 model trained by eager DDP and by ortlite DDP from the same weights, data and seeds; the
 losses must agree step by step and ortlite's sessions must have run the forward and the
 backward. The wrap orders are docs/training.md's recipes; the processes are started,
@@ -28,6 +28,15 @@ class MLP(torch.nn.Module):
 
     def forward(self, x):
         return self.down(torch.relu(self.mid(torch.nn.functional.gelu(self.up(x)))))
+
+
+class Residual(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
 
 
 class CNN(torch.nn.Module):
@@ -62,6 +71,8 @@ CASES = {
     ),
     "batchnorm_cnn": (CNN, "compile(DDP)", lambda g: torch.randn(4, 3, 12, 12, generator=g)),
     "gpt2": (_gpt2, "compile(DDP)", lambda g: torch.randint(0, 256, (2, 24), generator=g)),
+    # FSDP2: each block sharded and compiled (block.compile: its forward is the test's code)
+    "fsdp2_blocks": (MLP, "fully_shard", lambda g: torch.randn(8, 16, generator=g)),
     # last: DDP built under optimize_ddp="python_reducer" changes Dynamo's trace rules for good
     "sequential_python_reducer": (
         lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)),
@@ -84,7 +95,16 @@ def _train(name, rank, backend):
     make, order, batch_of = CASES[name]
     torch.manual_seed(0)
     model = make().train()
-    if backend is None:
+    if order == "fully_shard":
+        from torch.distributed.fsdp import fully_shard
+
+        model = torch.nn.Sequential(*(Residual() for _ in range(2)), MLP())
+        for block in model:
+            fully_shard(block)
+            if backend is not None:
+                block.compile(backend=backend)
+        wrapped = fully_shard(model)
+    elif backend is None:
         wrapped = DDP(model)
     elif order == "DDP(compile)":
         wrapped = DDP(torch.compile(model, backend=backend))
@@ -101,7 +121,7 @@ def _train(name, rank, backend):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    state = [t.detach().clone() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    state = [getattr(t, "full_tensor", t.detach)().detach().clone() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
     return losses, state
 
 
@@ -171,5 +191,7 @@ def test_ddp_training_matches_eager_ddp(ddp_results, name):
         assert result["runs"] >= 2 * STEPS, (rank, result)
         if name in ("mlp", "sequential"):  # split at the bucket: two forward and two backward graphs
             assert result["graphs"] == 4, (rank, result)
+        if name == "fsdp2_blocks":  # each of the 3 blocks compiled: a forward and a backward graph
+            assert result["graphs"] == 6, (rank, result)
     # different data per rank, one model: DDP's averaging makes the weights equal
     assert ddp_results[0][name]["eager"] != ddp_results[1][name]["eager"]
