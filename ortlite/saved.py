@@ -622,10 +622,7 @@ def graph_output_shapes(model: onnx.ModelProto, inputs: list[InputSpec]) -> list
     graph = probe.graph
     graph.name = model.graph.name
     graph.node.extend(model.graph.node)
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in [attribute.g] * attribute.HasField("g") + list(attribute.graphs):
-                _forget_shapes(sub)
+    _forget_subgraph_shapes(graph.node)
     sizes = {}  # dim_param -> the size expression it stands for
     specs = {spec.name: spec for spec in inputs if spec.kind != "unused"}
     for value in model.graph.input:
@@ -668,15 +665,15 @@ def graph_output_shapes(model: onnx.ModelProto, inputs: list[InputSpec]) -> list
     return shapes
 
 
-def _forget_shapes(graph: onnx.GraphProto) -> None:
-    """A subgraph's declared shapes (of its outputs and values) dropped, at any depth."""
-    del graph.value_info[:]
-    for value in graph.output:
-        value.type.tensor_type.ClearField("shape")
-    for node in graph.node:
+def _forget_subgraph_shapes(nodes) -> None:
+    """The declared shapes (of outputs and values) of the nodes' subgraphs dropped, at any depth."""
+    for node in nodes:
         for attribute in node.attribute:
             for sub in [attribute.g] * attribute.HasField("g") + list(attribute.graphs):
-                _forget_shapes(sub)
+                del sub.value_info[:]
+                for value in sub.output:
+                    value.type.tensor_type.ClearField("shape")
+                _forget_subgraph_shapes(sub.node)
 
 
 def _check_value(value: onnx.ValueInfoProto, spec: InputSpec, what: str) -> None:
