@@ -1,4 +1,5 @@
 import logging
+import socket
 
 import pytest
 import torch
@@ -13,6 +14,13 @@ def fresh_dynamo():
     ortlite.logs._warned.clear()  # each test sees its own once-per-cause warnings
     yield
     torch._dynamo.reset()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server or process group a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def assert_same(got, expected, rtol=1e-4, atol=1e-5):

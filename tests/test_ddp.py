@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 
 import pytest
 import torch
 import torch.multiprocessing
+
+from conftest import free_port
 
 STEPS = 3
 WIDTH = 512  # the MLPs' 1 MiB middle layer fills DDP's first gradient bucket: DDPOptimizer
@@ -157,16 +158,10 @@ def _worker(rank, port, out_dir):
         json.dump(results, f)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("ddp"))
-    context = torch.multiprocessing.start_processes(_worker, args=(_free_port(), out_dir), nprocs=2, join=False, start_method="spawn")
+    context = torch.multiprocessing.start_processes(_worker, args=(free_port(), out_dir), nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     try:
         while not context.join(timeout=max(1.0, deadline - time.monotonic())):

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 from torch.export import Dim
 
 import ortlite
+from conftest import free_port
 
 ray = pytest.importorskip("ray", reason="ortlite.serve needs the serve extra: pip install -e '.[serve]'")
 from ray import serve  # noqa: E402
@@ -56,12 +56,6 @@ class Lookup(torch.nn.Module):
         return self.embed(ids)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     torch.manual_seed(0)
@@ -85,7 +79,7 @@ def port(files):
     pair unbatched (max_batch_size=1), lookup unbatched (no dynamic size)."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         mlp = ortlite.serve.app(files["mlp"], num_replicas=2, num_cpus=0.5, max_body_bytes=1 << 16, batch_wait_timeout_s=0.01)
         serve.run(mlp, name="mlp", route_prefix="/mlp")
@@ -136,7 +130,7 @@ def test_import_ortlite_imports_no_ray():
 def test_command_line_serves_and_stops(files, direct):
     """python -m ortlite.serve with a Ray of its own (run before the module's Ray starts):
     answers over HTTP, and on SIGINT stops Serve and Ray, freeing the port."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "ortlite.serve", files["mlp"], "--port", str(port), "--num-cpus", "0.5"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
