@@ -4,6 +4,7 @@ Dynamo's guards cost too much. The whole graph goes to ONNX Runtime or compile f
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import operator
 import warnings
@@ -15,10 +16,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
+from .calibrate import calibrated_ranges
 from .compiled import CompiledModel, _cast, attach, model_class
 from .decomp import export_decomposition_table
 from .dynamo_backend import missing_kernel_origin
-from .lower import InputSpec, finite_int, lower_graph
+from .lower import OBSERVE, InputSpec, finite_int, lower_graph
 from .lower.registry import shape_env_of
 from .options import Options
 from .partition import source_line, unsupported_nodes
@@ -78,10 +80,13 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
             raise CompileError(f"ortlite.compile: unsupported exported input kind {spec.kind} ({spec.target})")
 
     ranges = _ranges_run(program, placeholders)
-    lowered = lower_graph(
-        gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", quantize=options.quantize,
-        mutated=_mutated_inputs(signature, placeholders),
+    lower = functools.partial(
+        lower_graph, gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", mutated=_mutated_inputs(signature, placeholders)
     )
+    activation_ranges = None
+    if options.calibration is not None:  # the float graph run on the samples first (ortlite.calibrate)
+        activation_ranges = calibrated_ranges(lower(calibration=OBSERVE), gm, options, weights, program.call_spec.in_spec, reduced)
+    lowered = lower(quantize=options.quantize, calibration=activation_ranges)
     lowered.guards = _export_guards(placeholders, lowered.symbols)
     lowered.input_views = _input_views(gm, signature)
     lowered.io_dtype = reduced

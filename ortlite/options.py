@@ -12,6 +12,7 @@ MIN_OPSET = 18
 DEFAULT_OPSET = 20
 QUANTIZE_MODES = (None, "int8", "int4")
 RANDOM_MODES = ("torch", "onnxruntime")
+CALIBRATION_SAMPLES = 300  # the most samples of Options.calibration that calibration runs (NNCF's default)
 
 
 def _normalize_providers(field: str, value: Any) -> tuple:
@@ -44,6 +45,12 @@ def _is_provider_pair(value: Any) -> bool:
         and isinstance(value[1], (dict, tuple))
         and not isinstance(value[1], str)
     )
+
+
+def _is_tensor(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
 
 
 def _env_flag(name: str) -> bool:
@@ -96,6 +103,13 @@ class Options:
         rand_like, bernoulli), the same distributions, not eager's values; seeded per node
         from torch.initial_seed() when the session is built, then advancing call by call
         (a torch.manual_seed after that does not reset them). See docs/training.md.
+    calibration: with quantize="int8", convolutions are quantized statically (ortlite.lower.
+        qdq): uint8 activations at scales calibrated on these samples, int8 weights per output
+        channel, BatchNormalization folded in; ONNX Runtime runs conv -> relu -> conv,
+        residual adds and max pooling on uint8. An iterable (a list, a DataLoader) of samples,
+        each the call's positional arguments (a tuple) or its one tensor; ortlite.compile runs
+        the first CALIBRATION_SAMPLES (300) through the float graph and keeps each quantized
+        tensor's least and largest value. See docs/reduced-precision.md.
     """
 
     providers: tuple = ()
@@ -112,6 +126,7 @@ class Options:
     sort_ties: str = "torch"
     quantize: str | None = None
     random: str = "torch"
+    calibration: Any = dataclasses.field(default=None, compare=False, repr=False)  # (samples: not compared, hashed or shown)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -128,6 +143,14 @@ class Options:
             raise ValueError(f"Options.sort_ties must be 'torch' or 'stable', got {self.sort_ties!r}")
         if self.quantize not in QUANTIZE_MODES:
             raise ValueError(f"Options.quantize must be one of {QUANTIZE_MODES}, got {self.quantize!r}")
+        if self.calibration is not None:
+            if self.quantize != "int8":
+                raise ValueError(f"Options.calibration quantizes convolutions to int8 and needs quantize='int8', got quantize={self.quantize!r}")
+            if isinstance(self.calibration, (str, bytes, dict)) or not hasattr(self.calibration, "__iter__") or _is_tensor(self.calibration):
+                raise TypeError(
+                    "Options.calibration must be an iterable (a list, a DataLoader) of samples, each the call's arguments as a tuple "
+                    f"or its one tensor; got {type(self.calibration).__name__}"
+                )
         if self.random not in RANDOM_MODES:
             raise ValueError(f"Options.random must be one of {RANDOM_MODES}, got {self.random!r}")
         transforms = self.model_transforms

@@ -19,6 +19,7 @@ from .decoder import (
 )
 from .fusions import attention_fusions, drop_unread_initializers, fold_flattening_reshapes, fuse_rms_norm, shield_range_gathers
 from .hoist import PRELUDE_WEIGHT_DTYPES, SizePrelude, split_size_constants
+from .qdq import fold_batch_norms, observer_outputs, plan, quantize_planned
 from .quantize import add_domain, quantize_products
 from .ops.common import declared_ranges
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
@@ -95,6 +96,10 @@ class LoweredGraph:
     # stub initializers of quantized frozen weights: name -> (weight input, form, transposed)
     quantized: list = dataclasses.field(default_factory=list)
     derived_weights: dict = dataclasses.field(default_factory=dict)
+    # Options.calibration: the convolutions quantized statically (lower.qdq.StaticConv); while
+    # calibrating, the tensors observed, each one's min and max the ONNX outputs after the rest
+    static_convs: list = dataclasses.field(default_factory=list)
+    observed: list = dataclasses.field(default_factory=list)
     # outputs ONNX Runtime must write into an input's memory (its kernel makes them from that
     # input in place: GroupQueryAttention's present key sharing the past key's buffer, see
     # lower.decoder): [(ONNX output name, ONNX input name)]; the runner binds both to it
@@ -122,6 +127,7 @@ def lower_graph(
     frozen: frozenset = frozenset(),
     quantize: str | None = None,
     mutated: dict | None = None,
+    calibration: str | dict | None = None,
 ) -> LoweredGraph:
     """constants: placeholder name -> tensor, for placeholders that become initializers
     (the runner then takes no argument for them). symbol_ranges: symbol -> (min, max),
@@ -129,12 +135,18 @@ def lower_graph(
     stable_ties: Options.sort_ties == "stable". hoist_sizes: move what int arguments,
     shapes, constants and frozen weights alone determine into a size prelude (see lower.hoist;
     the runner of runner.build_runner runs it). frozen: indices of the arguments that are
-    frozen weights (ortlite.frozen). quantize: Options.quantize (see lower.quantize)."""
+    frozen weights (ortlite.frozen). quantize: Options.quantize (see lower.quantize).
+    calibration (lower.qdq): OBSERVE, the float graph with the min and max of each tensor
+    static quantization would quantize as extra outputs (LoweredGraph.observed); or their
+    calibrated ranges (name -> (min, max)), the convolutions then quantized statically."""
     with declared_ranges(symbol_ranges):
-        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize, mutated or {})
+        return _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize, mutated or {}, calibration)
 
 
-def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize, mutated) -> LoweredGraph:
+OBSERVE = "observe"
+
+
+def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, frozen, quantize, mutated, calibration=None) -> LoweredGraph:
     g = GraphBuilder("ortlite", opset)  # the same graph gives the same bytes: sessions are cached by them
     g.stable_ties = stable_ties
     g.shape_env = next((env for n in gm.graph.nodes if (env := shape_env_of(n)) is not None), None)
@@ -260,6 +272,16 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
             inputs = inputs + [InputSpec(TENSOR, name, dtype, shape, torch.device("cpu")) for name, dtype, shape in specs]
     if decoder_ops:
         add_domain(model)
+    static_convs, observed = [], []
+    if calibration is not None:
+        fold_batch_norms(model.graph)
+        planned = plan(model.graph)
+        if calibration == OBSERVE:
+            observed = list(dict.fromkeys(planned.points.values()))
+            observer_outputs(model.graph, observed)
+            quantize = None  # (calibration runs the float graph)
+        else:
+            static_convs = quantize_planned(model.graph, planned, calibration, g.node_origin)
     quantized, derived = [], {}
     if quantize is not None:
         frozen_names = {s.name for i, s in enumerate(inputs) if i in frozen and s.kind == TENSOR}
@@ -268,7 +290,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
             add_domain(model)
     return LoweredGraph(
         model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key, prelude,
-        quantized=quantized, derived_weights=derived, inplace=inplace,
+        quantized=quantized, derived_weights=derived, inplace=inplace, static_convs=static_convs, observed=observed,
     )
 
 
