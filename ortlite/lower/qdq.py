@@ -108,7 +108,7 @@ def plan(graph: onnx.GraphProto) -> Plan:
     def result(node):  # the tensor to quantize for node's output: after a Relu reading it alone
         out = node.output[0]
         users = readers.get(out, [])
-        if out not in outputs and len(users) == 1 and users[0].op_type == "Relu" and users[0].domain in ONNX_DOMAINS and users[0].output[0] not in outputs:
+        if out not in outputs and len(users) == 1 and users[0].op_type == "Relu" and users[0].domain in ONNX_DOMAINS:
             dropped[users[0].name] = out
             return users[0].output[0]
         return out
@@ -120,11 +120,11 @@ def plan(graph: onnx.GraphProto) -> Plan:
         if node.op_type == "Conv" and _quantizable_conv(node, initializers):
             convs.append(node)
             points.setdefault(inputs[0], inputs[0])
-            if (out := result(node)) not in outputs:
-                points[out] = out
-        elif node.op_type == "Add" and len(inputs) == 2 and all(i in points for i in inputs) and len(node.output) == 1:
-            if (out := result(node)) not in outputs:
-                points[out] = out
+            out = result(node)  # (a graph output too: ORT's QLinearConv needs the Q; the output is then its DQ)
+            points[out] = out
+        elif node.op_type == "Add" and len(inputs) == 2 and all(i in points for i in inputs) and len(node.output) == 1 and node.output[0] not in outputs:
+            out = result(node)
+            points[out] = out
         elif node.op_type == "MaxPool" and inputs[0] in points and len(node.output) == 1 and node.output[0] not in outputs:
             points[node.output[0]] = points[inputs[0]]
         elif node.op_type == "If" and (passed := _nan_guard_of(node, producer)) in points and node.output[0] not in outputs:
