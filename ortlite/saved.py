@@ -8,6 +8,10 @@ shape: ints, or size expressions as JSON trees over named symbols with their sym
 assumptions and ranges); where each output comes from; the pytree specs of the call
 (torch's treespec_dumps, JSON); mutations; and the buffers the model mutates.
 
+Beside it, key "min_onnxruntime": the oldest onnxruntime that runs the file ("1.18"), from
+what the file holds (MIN_ORT_*), for plain onnxruntime and Triton users to read;
+ortlite.load refuses the file on an older one, naming both versions.
+
 Weights: initializers in the file. Weights bound by pointer (bind_weights=True) are written
 with their current values and are constants of the loaded model; buffers the model mutates
 stay graph inputs whose initializer is their default, and the loaded model owns a copy it
@@ -23,6 +27,7 @@ import re
 
 import numpy as np
 import onnx
+import onnxruntime
 import sympy
 import torch
 import torch.utils._sympy.functions as torch_sympy
@@ -67,6 +72,25 @@ MAX_BITS = 4096  # of any value a size expression computes (sizes are products o
 DIVISIONS = ("Mod", "PythonMod", "FloorDiv", "CeilDiv", "CleanDiv", "IntTrueDiv", "FloatTrueDiv", "ModularIndexing")
 
 
+MIN_ORT_KEY = "min_onnxruntime"
+# The oldest onnxruntime that runs a file holding each thing, as bench/ort_versions.py measured
+# (2026-12-06, CPU, 1.15.1 to 1.32.0; its probes: one-node graphs of each row). The version
+# before a row's refuses such a file at load: "Unsupported model IR version: 10, max supported
+# IR version: 9"; "Current official support for domain ai.onnx is till opset 22";
+# MatMulNBits "has input size 6 not in range [min=3, max=5]" (its bias, 1.19); "Could not find
+# an implementation for GreaterOrEqual(16)" on uint64 (index checks: lower.ops.index, 1.21).
+# A key below a table's first row takes the first row (1.15: the oldest measured); past its
+# last row, the onnxruntime that saved the file (it ran it). GroupQueryAttention (7 inputs; 9,
+# do_rotary), MatMulIntegerToFloat and SkipSimplifiedLayerNormalization run from 1.18, the
+# first that reads IR 10, which every file ortlite writes is: no rows of their own. Kernels
+# missing for other types in older versions are not known here unless measured: a row each.
+MIN_ORT_IR = {9: (1, 15), 10: (1, 18), 11: (1, 23), 12: (1, 24), 13: (1, 24)}
+MIN_ORT_OPSET = {19: (1, 15), 20: (1, 17), 21: (1, 18), 22: (1, 21), 23: (1, 23), 24: (1, 24), 25: (1, 24), 26: (1, 26)}
+MIN_ORT_OPS = {("com.microsoft", "MatMulNBits", 6): (1, 19)}  # (domain, op, inputs at least, empty ones counted)
+MIN_ORT_TYPED = {("", "GreaterOrEqual", onnx.TensorProto.UINT64): (1, 21)}  # (domain, op, its first input's type)
+VERSION = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})(?:\.[0-9]{1,4})?")
+
+
 class _Invalid(Exception):
     """What is wrong with a saved file; load turns it into a ValueError naming the file."""
 
@@ -100,10 +124,80 @@ def save(compiled, path, external_data: bool | None = None) -> None:
         external_data_helper.write_external_data_tensors(model, os.path.dirname(path) or ".")
     # metadata_props is serialized after the graph: a file cut short anywhere loses it or
     # fails to parse (tested), so truncation needs no check of its own
-    del model.metadata_props[:]  # [a loaded model's own entry]
+    del model.metadata_props[:]  # [a loaded model's own entries]
     entry = model.metadata_props.add()
     entry.key, entry.value = KEY, json.dumps(metadata, allow_nan=False)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = MIN_ORT_KEY, "%d.%d" % min_onnxruntime(model)[0]
     onnx.save_model(model, path)
+
+
+def min_onnxruntime(model: onnx.ModelProto, here: tuple | None = None) -> tuple[tuple[int, int], str]:
+    """(the oldest onnxruntime (major, minor) that runs the model by the MIN_ORT_* rules, what
+    in the model needs it). here: the running onnxruntime's version (for keys past a table)."""
+    here = here or _version(onnxruntime.__version__) or (0, 0)
+
+    def row(table, key):
+        if key > max(table):
+            return max(table[max(table)], here)
+        return table[max((k for k in table if k <= key), default=min(table))]
+
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
+    needs = [(row(MIN_ORT_IR, model.ir_version), f"IR version {model.ir_version}"), (row(MIN_ORT_OPSET, opset), f"ai.onnx opset {opset}")]
+    graphs = list(_graphs([model.graph, *(node.attribute for f in model.functions for node in f.node)]))
+    types = {}  # value -> its element type, where the file says it
+    for graph in graphs:
+        types.update((v.name, v.type.tensor_type.elem_type) for v in (*graph.input, *graph.output, *graph.value_info))
+        types.update((t.name, t.data_type) for t in graph.initializer)
+        types.update((n.output[0], a.i) for n in graph.node if n.op_type == "Cast" and n.output for a in n.attribute if a.name == "to")
+    nodes = [n for graph in graphs for n in graph.node] + [n for f in model.functions for n in f.node]
+    for node in nodes:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        for (op_domain, op, inputs), version in MIN_ORT_OPS.items():
+            if node.op_type == op and domain == op_domain and len(node.input) >= inputs:
+                needs.append((version, f"{domain} {op} with {len(node.input)} inputs"))
+        typed = (domain, node.op_type, types.get(node.input[0]) if node.input else None)
+        if typed in MIN_ORT_TYPED:
+            needs.append((MIN_ORT_TYPED[typed], f"{node.op_type} on {onnx.TensorProto.DataType.Name(typed[2]).lower()}"))
+    return max(needs, key=lambda n: n[0])
+
+
+def _graphs(items):
+    """The graphs, and every subgraph in them (and in the attribute lists), at any depth."""
+    stack = list(items)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, onnx.GraphProto):
+            yield item
+            stack.extend(a for n in item.node for a in n.attribute)
+        elif isinstance(item, onnx.AttributeProto):
+            stack.extend([item.g] * item.HasField("g") + list(item.graphs))
+        else:  # a node's attributes
+            stack.extend(item)
+
+
+def _version(text: str) -> tuple[int, int] | None:
+    """(major, minor) of a version ("1.18", "1.31.1", "1.24.0.dev20251010"), else None."""
+    match = VERSION.match(text) if isinstance(text, str) else None
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _check_onnxruntime(model: onnx.ModelProto) -> None:
+    """The running onnxruntime is no older than the file needs: its MIN_ORT_KEY entry, or what
+    its contents need (a file saved before the entry, or edited since)."""
+    here = _version(onnxruntime.__version__)
+    if here is None:  # (a build whose version says nothing: onnxruntime's own checks decide)
+        return
+    needed, why = min_onnxruntime(model, here)
+    recorded = [p.value for p in model.metadata_props if p.key == MIN_ORT_KEY]
+    if recorded:
+        version = _version(recorded[0]) if VERSION.fullmatch(recorded[0]) else None
+        if version is None:
+            raise _Invalid(f"its {MIN_ORT_KEY} entry {recorded[0][:40]!r} is not a version like 1.18")
+        if version > needed:
+            needed, why = version, f"its {MIN_ORT_KEY} entry"
+    if needed > here:
+        raise _Invalid(f"it needs onnxruntime {needed[0]}.{needed[1]} or newer ({why}), and this is onnxruntime {onnxruntime.__version__}")
 
 
 def _metadata(compiled) -> dict:
@@ -226,6 +320,7 @@ def _read(path: str, data: bytes):
         raise _Invalid(f"its ortlite metadata is not valid JSON with a format version: {e}") from None
     if type(version) is not int or not 1 <= version <= FORMAT:
         raise _Invalid(f"it was written in ortlite format {version!r}; this ortlite reads format {FORMAT} and older")
+    _check_onnxruntime(model)
     external = _external_initializers(model)
     if external:
         try:
@@ -649,8 +744,6 @@ def graph_output_shapes(model: onnx.ModelProto, inputs: list[InputSpec]) -> list
         graph.output.append(onnx.helper.make_tensor_value_info(value.name, value.type.tensor_type.elem_type, None))
         graph.node.append(onnx.helper.make_node("Shape", [value.name], [f"ortlite_rank_{i}"]))
         graph.output.append(onnx.helper.make_tensor_value_info(f"ortlite_rank_{i}", onnx.TensorProto.INT64, None))
-    import onnxruntime  # (ortlite.load's session needs it anyway)
-
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
