@@ -41,33 +41,42 @@ def _randomize_norms(model):
     return model.eval()
 
 
-CONVS = [  # (in channels, out channels, kernel, stride, padding, dilation, groups, bias, relu, dims)
-    (3, 8, 3, 1, 1, 1, 1, True, True, 2),
-    (8, 16, 1, 1, 0, 1, 1, False, False, 2),
-    (8, 8, 3, 2, 1, 1, 8, True, True, 2),  # depthwise
-    (6, 12, 3, 1, 2, 2, 3, True, False, 2),  # grouped, dilated
-    (4, 8, 5, 2, 0, 1, 1, True, True, 2),
-    (4, 6, 3, 1, 1, 1, 1, True, True, 1),  # Conv1d
+CONVS = [  # (in channels, out channels, kernel, stride, padding, dilation, groups, bias, activation, dims)
+    (3, 8, 3, 1, 1, 1, 1, True, "relu", 2),
+    (8, 16, 1, 1, 0, 1, 1, False, None, 2),
+    (8, 8, 3, 2, 1, 1, 8, True, "relu", 2),  # depthwise
+    (6, 12, 3, 1, 2, 2, 3, True, None, 2),  # grouped, dilated
+    (4, 8, 5, 2, 0, 1, 1, True, "relu6", 2),
+    (4, 6, 3, 1, 1, 1, 1, True, "relu", 1),  # Conv1d
+    (3, 4, 3, 1, 1, 1, 1, True, "relu6", 2),  # (inputs x3: outputs past 6, clamped)
 ]
+ACTIVATIONS = {None: lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6)}
 
 
-@pytest.mark.parametrize("cin,cout,k,stride,pad,dilation,groups,bias,relu,dims", CONVS)
-def test_one_convolution_is_the_schemes_math(cin, cout, k, stride, pad, dilation, groups, bias, relu, dims):
+@pytest.mark.parametrize("cin,cout,k,stride,pad,dilation,groups,bias,activation,dims", CONVS)
+def test_one_convolution_is_the_schemes_math(cin, cout, k, stride, pad, dilation, groups, bias, activation, dims):
     torch.manual_seed(0)
     conv = (nn.Conv2d if dims == 2 else nn.Conv1d)(cin, cout, k, stride, pad, dilation, groups, bias=bias)
-    model = nn.Sequential(conv, nn.ReLU()) if relu else nn.Sequential(conv)
+    model = nn.Sequential(conv, *{None: [], "relu": [nn.ReLU()], "relu6": [nn.ReLU6()]}[activation])
     model.eval()
     shape = (2, cin) + (11,) * dims
     samples = [torch.randn(shape) * (1 + i) for i in range(4)]
+    if cout == 4:
+        samples = [s * 3 for s in samples]
     compiled = _static(model, samples)
+    if groups == cin and cin > 1:  # depthwise on a float input stays float (lower.qdq._depthwise)
+        assert compiled._lowered.static_convs == []
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+        return
     (static,) = compiled._lowered.static_convs
     lows = [float(s.min()) for s in samples]
     highs = [float(s.max()) for s in samples]
     assert static.input_range == pytest.approx((min(lows), max(highs)))  # min/max over the samples
     sx, zx = _uint8_params(*static.input_range)
     sy, zy = _uint8_params(*static.output_range)
-    if relu:
-        assert zy == 0  # (the Relu absorbed: Q clamps at 0)
+    if activation:
+        assert zy == 0  # (the clamp absorbed: Q clamps at 0)
     w = conv.weight.detach().double().numpy()
     ws = (np.abs(w.reshape(cout, -1)).max(1) / 127).astype(np.float32).astype(np.float64)
     wd = np.clip(np.rint(w / ws.reshape(-1, *[1] * (w.ndim - 1))), -127, 127) * ws.reshape(-1, *[1] * (w.ndim - 1))
@@ -79,7 +88,7 @@ def test_one_convolution_is_the_schemes_math(cin, cout, k, stride, pad, dilation
         bd = torch.from_numpy(np.rint(conv.bias.detach().double().numpy() / bs) * bs)
     f = torch.nn.functional.conv2d if dims == 2 else torch.nn.functional.conv1d
     y = f(xd, torch.from_numpy(wd), bd, stride, pad, dilation, groups).numpy()
-    expected = _fake_quant(np.maximum(y, 0) if relu else y, sy, zy)
+    expected = _fake_quant(ACTIVATIONS[activation](y), sy, zy)
     got = compiled(x).double().numpy()
     assert got.shape == expected.shape
     assert np.abs(got - expected).max() <= sy * 1.001  # int32 sums exact; requantizing rounds once
@@ -110,15 +119,19 @@ class _ResNet(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1), 1))
 
 
-class _MobileBlock(nn.Module):  # depthwise separable, ReLU6 and SiLU: what stays float between pairs
+class _MobileBlock(nn.Module):  # depthwise after ReLU6 and after SiLU, squeeze-excitation, a residual
     def __init__(self, c=8):
         super().__init__()
         self.expand = nn.Sequential(nn.Conv2d(3, c, 3, 1, 1), nn.BatchNorm2d(c), nn.ReLU6())
         self.dw = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, groups=c), nn.BatchNorm2d(c), nn.SiLU())
-        self.project = nn.Conv2d(c, 4, 1)
+        self.squeeze = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, 4, 1), nn.SiLU(), nn.Conv2d(4, c, 1), nn.Sigmoid())
+        self.dw2 = nn.Sequential(nn.Conv2d(c, c, 5, 1, 2, groups=c), nn.BatchNorm2d(c), nn.SiLU())
+        self.project = nn.Conv2d(c, c, 1)
 
     def forward(self, x):
-        return self.project(self.dw(self.expand(x)))
+        y = self.dw(self.expand(x))
+        y = self.dw2(y * self.squeeze(y))
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(y + self.project(y), 1), 1)
 
 
 NETS = {
@@ -149,6 +162,8 @@ def test_nets_close_to_float_all_convolutions_integer(name, tmp_path):
     assert ops["QLinearConv"] == convs and ops["Conv"] == 0 and ops["FusedConv"] == 0, ops
     if name.startswith("resnet"):
         assert ops["QLinearAdd"] == 2 and ops["If"] == 0, ops  # residuals in uint8; the max pool's NaN guard dropped
+    if name == "mobile":  # SiLU, the squeeze-excitation and its pooling in uint8 too
+        assert ops["QLinearSigmoid"] == 4 and ops["QLinearMul"] == 4 and ops["QLinearGlobalAveragePool"] == 2 and ops["Sigmoid"] == 0, ops
     for x in [torch.randn(1, 3, 32, 32) for _ in range(3)]:
         expected = float32(x)
         got = compiled(x)

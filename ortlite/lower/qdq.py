@@ -16,9 +16,11 @@ product of the input's and the weight's scales. Steps, on the lowered float grap
    folded into them (the quantized weights are the folded ones: a DQ'd weight cannot be
    folded later, and the BN would otherwise sit between the Conv and its Q).
 2. plan: which tensors are quantized. Each quantized Conv's input and output (its output
-   after a Relu that reads it alone: the Relu is then dropped, Q's zero point 0 clamps as it
-   did); an Add (a residual) whose two inputs are quantized, its output likewise; a MaxPool
-   whose input is quantized, its output at the input's scale (ORT then runs it on uint8).
+   after a clamp at 0 that reads it alone, a Relu or a ReLU6's Max with 0 and Min with 6: the
+   clamp is then dropped, as Q's zero point 0 and its saturation at the calibrated largest
+   value, at most the clamp's bound, clamp alike); an Add (a residual) whose two inputs are quantized, its output likewise; a MaxPool
+   whose input is quantized, its output at the input's scale (ORT then runs it on uint8). A
+   depthwise Conv only where its input is a quantized op's output (see _depthwise).
 3. observer_outputs (calibration): each planned tensor's min and max as extra outputs.
 4. quantize_planned: the Q/DQ pairs at the calibrated ranges, the weights and biases
    quantized.
@@ -53,12 +55,15 @@ class StaticConv:
 @dataclasses.dataclass
 class Plan:
     """points: tensor name -> the tensor whose calibrated range it takes (itself, or a
-    MaxPool's input); convs: the Conv nodes quantized; dropped_relus: Relu node -> its input."""
+    MaxPool's input); convs: the Conv nodes quantized; absorbed: a quantized op's output -> the
+    output of the clamp after it that its Q replaces; dropped: the names of those clamp nodes."""
 
     points: dict
     convs: list
-    dropped_relus: dict
+    absorbed: dict
+    dropped: set
     aliases: dict  # the output of a quantized MaxPool's NaN guard (an If) -> the MaxPool's output
+    means: list  # names of ReduceMean nodes over H and W (4-D) written as GlobalAveragePool
 
 
 def fold_batch_norms(graph: onnx.GraphProto) -> int:
@@ -103,33 +108,72 @@ def plan(graph: onnx.GraphProto) -> Plan:
     outputs = {o.name for o in graph.output}
     producer = {o: n for n in graph.node for o in n.output}
     points: dict = {}
-    convs, dropped, aliases = [], {}, {}
+    convs, absorbed, dropped, aliases = [], {}, set(), {}
+    made = set()  # the planned outputs of quantized ops (their readers get uint8 at no cost)
+    rank: dict = {}  # of made values, where known
+    means: list = []  # ReduceMeans over H and W to write as GlobalAveragePool
+    ints = _int_constants(graph)
+    constant = _scalar_constants(graph)
 
-    def result(node):  # the tensor to quantize for node's output: after a Relu reading it alone
+    def only_reader(value, op_type):
+        users = readers.get(value, [])
+        if value in outputs or len(users) != 1 or users[0].op_type != op_type or users[0].domain not in ONNX_DOMAINS:
+            return None
+        return users[0]
+
+    def bound(node, value):  # the scalar constant the node (Max, Min) compares value with, or None
+        other = [i for i in node.input if i != value]
+        return constant.get(other[0]) if len(node.input) == 2 and len(other) == 1 else None
+
+    def result(node):  # the tensor to quantize for node's output: after a clamp at 0 reading it alone
         out = node.output[0]
-        users = readers.get(out, [])
-        if out not in outputs and len(users) == 1 and users[0].op_type == "Relu" and users[0].domain in ONNX_DOMAINS:
-            dropped[users[0].name] = out
-            return users[0].output[0]
-        return out
+        chain = []
+        if (relu := only_reader(out, "Relu")) is not None:
+            chain = [relu]
+        elif (low := only_reader(out, "Max")) is not None and bound(low, out) == 0.0:
+            chain = [low]
+            high = only_reader(low.output[0], "Min")
+            if high is not None and (b := bound(high, low.output[0])) is not None and b > 0:
+                chain.append(high)
+        if not chain:
+            return out
+        dropped.update(n.name for n in chain)
+        absorbed[out] = chain[-1].output[0]
+        return chain[-1].output[0]
 
     for node in graph.node:
         if node.domain not in ONNX_DOMAINS:
             continue
         inputs = [aliases.get(i, i) for i in node.input]
-        if node.op_type == "Conv" and _quantizable_conv(node, initializers):
+        if node.op_type == "Conv" and _quantizable_conv(node, initializers) and (inputs[0] in made or not _depthwise(node, initializers)):
             convs.append(node)
             points.setdefault(inputs[0], inputs[0])
             out = result(node)  # (a graph output too: ORT's QLinearConv needs the Q; the output is then its DQ)
             points[out] = out
-        elif node.op_type == "Add" and len(inputs) == 2 and all(i in points for i in inputs) and len(node.output) == 1 and node.output[0] not in outputs:
-            out = result(node)
+            made.add(out)
+            rank[out] = len(initializers[node.input[1]].dims)
+        elif node.op_type in ("Add", "Mul") and len(inputs) == 2 and all(i in points for i in inputs) and len(node.output) == 1 and node.output[0] not in outputs:
+            out = result(node)  # (ORT: QLinearAdd, QLinearMul; a SiLU's x * sigmoid(x), a squeeze-excitation's scaling)
             points[out] = out
+            made.add(out)
+            rank[out] = max(rank.get(inputs[0], 0), rank.get(inputs[1], 0)) if inputs[0] in rank and inputs[1] in rank else None
+        elif node.op_type == "Sigmoid" and inputs[0] in made and node.output[0] not in outputs:
+            points[node.output[0]] = node.output[0]  # (ORT: QLinearSigmoid)
+            made.add(node.output[0])
+            rank[node.output[0]] = rank.get(inputs[0])
+        elif node.op_type == "ReduceMean" and inputs[0] in made and rank.get(inputs[0]) == 4 and _spatial_mean(node, ints) and node.output[0] not in outputs:
+            points[node.output[0]] = node.output[0]  # (as a GlobalAveragePool: ORT's QLinearGlobalAveragePool)
+            made.add(node.output[0])
+            means.append(node.name)
+            rank[node.output[0]] = 4
         elif node.op_type == "MaxPool" and inputs[0] in points and len(node.output) == 1 and node.output[0] not in outputs:
             points[node.output[0]] = points[inputs[0]]
+            if inputs[0] in made:
+                made.add(node.output[0])
+                rank[node.output[0]] = rank.get(inputs[0])
         elif node.op_type == "If" and (passed := _nan_guard_of(node, producer)) in points and node.output[0] not in outputs:
             aliases[node.output[0]] = passed
-    return Plan(points, convs, dropped, aliases)
+    return Plan(points, convs, absorbed, dropped, aliases, means)
 
 
 def observer_outputs(graph: onnx.GraphProto, names: list) -> list:
@@ -176,11 +220,11 @@ def quantize_planned(graph: onnx.GraphProto, planned: Plan, ranges: dict, origin
         if name in graph_inputs:
             renames[name] = taken.fresh(f"{name}_dq")
             nodes += pair(name, name, renames[name])
-    absorbed = {source: next(n.output[0] for n in graph.node if n.name == relu) for relu, source in planned.dropped_relus.items()}
+    absorbed = planned.absorbed
     convs = {id(n) for n in planned.convs}
     made = []
     for node in graph.node:
-        if node.name in planned.dropped_relus or node.output[0] in planned.aliases:
+        if node.name in planned.dropped or node.output[0] in planned.aliases:
             continue
         if id(node) in convs:
             weight_nodes, conv = _quantize_conv(node, params[planned.aliases.get(node.input[0], node.input[0])][0], initializers, constant, taken, origin or {})
@@ -188,6 +232,8 @@ def quantize_planned(graph: onnx.GraphProto, planned: Plan, ranges: dict, origin
             made.append(dataclasses.replace(conv, input_range=_range(ranges, planned, node.input[0]), output_range=_range(ranges, planned, absorbed.get(node.output[0], node.output[0]))))
         for i, x in enumerate(node.input):
             node.input[i] = renames.get(x, x)
+        if node.name in planned.means:
+            node = helper.make_node("GlobalAveragePool", [node.input[0]], list(node.output), name=node.name)
         nodes.append(node)
         for j, out in enumerate(node.output):
             point = absorbed.get(out, out)
@@ -268,6 +314,14 @@ def _quantizable_conv(node, initializers) -> bool:
     return True
 
 
+def _depthwise(node, initializers) -> bool:
+    """A Conv of one input channel per group (MobileNet's, EfficientNet's 3x3 and 5x5). One
+    whose input is a float op's (a SiLU, a Hardswish) stays float: its Q and DQ cost more than
+    its integer kernel saves (EfficientNet-B0, 1 thread: 1.06x float32 with them quantized,
+    0.91x without); after a quantized op (MobileNetV2's ReLU6) it is quantized."""
+    return _attr(node, "group", 1) > 1 and initializers[node.input[1]].dims[1] == 1
+
+
 def _uint8_params(low: float, high: float) -> tuple[float, int]:
     """(scale, zero point) of uint8 covering [low, high] widened to hold 0 (a Relu's output:
     zero point 0, so that Q clamps at 0 as the Relu did)."""
@@ -277,6 +331,40 @@ def _uint8_params(low: float, high: float) -> tuple[float, int]:
     scale = (high - low) / 255 if high > low else 1.0
     zero = int(np.clip(np.rint(-low / scale), 0, 255))
     return float(np.float32(scale)), zero
+
+
+def _scalar_constants(graph: onnx.GraphProto) -> dict:
+    """name -> float value of each one-element float initializer or Constant."""
+    values = {}
+    for t in graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT and int(np.prod(t.dims)) == 1:
+            values[t.name] = float(numpy_helper.to_array(t).reshape(()))
+    for n in graph.node:
+        if n.op_type == "Constant" and n.domain in ONNX_DOMAINS and n.attribute and n.attribute[0].name == "value":
+            t = n.attribute[0].t
+            if t.data_type == onnx.TensorProto.FLOAT and int(np.prod(t.dims)) == 1:
+                values[n.output[0]] = float(numpy_helper.to_array(t).reshape(()))
+    return values
+
+
+def _int_constants(graph: onnx.GraphProto) -> dict:
+    """name -> list of ints of each int64 initializer or Constant of at most 8 elements."""
+    values = {}
+    tensors = [(t.name, t) for t in graph.initializer] + [
+        (n.output[0], n.attribute[0].t) for n in graph.node if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+    ]
+    for name, t in tensors:
+        if t.data_type == onnx.TensorProto.INT64 and int(np.prod(t.dims)) <= 8:
+            values[name] = [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
+    return values
+
+
+def _spatial_mean(node, ints: dict) -> bool:
+    """A ReduceMean of a 4-D value over its last two axes, keeping them (= GlobalAveragePool)."""
+    if _attr(node, "keepdims", 1) != 1 or _attr(node, "noop_with_empty_axes", 0):
+        return False
+    axes = ints.get(node.input[1]) if len(node.input) > 1 else _attr(node, "axes", None)
+    return axes is not None and sorted(a % 4 for a in axes) == [2, 3]
 
 
 def _readers(graph: onnx.GraphProto) -> dict:
