@@ -54,6 +54,21 @@ def test_dropout_in_onnxruntime_draws_anew_per_call_and_per_node():
         assert _within_binomial(int(((one != 0) == (other != 0)).sum()), n, 0.5), "masks not independent"
 
 
+def test_dropout_in_onnxruntime_masks_are_independent_call_to_call():
+    """Each element's mask from call to call is a fair coin, not a pattern: ONNX Runtime's
+    Dropout kernel, reseeding its generator with seed + 1 each call, dropped element 0 in
+    every call and repeated about 5% of elements in >= 95% of consecutive calls (aggregate
+    rates stayed right)."""
+    fn, _ = _compiled(lambda x: F.dropout(x, 0.5, training=True), ORT)
+    x = torch.ones(2048)
+    calls = 64
+    masks = torch.stack([fn(x) != 0 for _ in range(calls)])
+    kept = masks.sum(0)
+    assert 0 < kept.min() and kept.max() < calls, "an element kept or dropped in every call"
+    agreement = (masks[1:] == masks[:-1]).double().mean(0)  # per element: Binomial(calls - 1, 1/2) / (calls - 1)
+    assert agreement.std() < 1.5 * math.sqrt(0.25 / (calls - 1)), f"masks follow a pattern across calls: sd {agreement.std():.3f}"
+
+
 def _masks(seed: int, calls: int = 3) -> list[torch.Tensor]:
     torch._dynamo.reset()
     torch.manual_seed(seed)
@@ -67,6 +82,25 @@ def test_same_manual_seed_gives_the_same_masks():
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert not torch.equal(first[0], first[1])
     assert not any(torch.equal(a, b) for a, b in zip(first, other))
+
+
+def test_graphs_compiled_apart_draw_apart():
+    """Each session's generators start from a seed fixed when its graph is lowered: a graph
+    compiled again (new sizes, the same ops) or anew after torch's generator moved on must
+    not start where an earlier session did, else it repeats that session's masks call by call."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    backend = ortlite.Backend(ORT)
+    fn = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend=backend, dynamic=False)
+    first = fn(torch.ones(4096)) != 0
+    resized = fn(torch.ones(4097))[:4096] != 0
+    assert backend.stats.graphs == 2
+    torch.rand(1)  # (the program's own draws move torch's generator on)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend=ortlite.Backend(ORT), dynamic=False)
+    rebuilt = fn(torch.ones(4096)) != 0
+    for other in (resized, rebuilt):
+        assert _within_binomial(int((first == other).sum()), first.numel(), 0.5), "a session repeated another's masks"
 
 
 def test_eval_mode_is_untouched():

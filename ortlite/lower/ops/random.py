@@ -6,8 +6,8 @@ are in ortlite.decomp).
   input's size), from sizes alone: it runs in torch ahead of the graph, whose arithmetic
   stays in one ONNX Runtime session. Never lowered.
 - ortlite::dropout and ortlite::uniform (random="onnxruntime"): drawn by ONNX Runtime
-  (Dropout with training_mode, RandomUniform[Like]). Each node's generator lives in its
-  session's kernel, seeded when the session is built (see _seed); its torch implementation
+  (RandomUniform[Like]; dropout compares its values with p). Each node's generator lives in its
+  session's kernel, seeded when the graph is lowered (see _seed); its torch implementation
   (where a node is left to torch) draws from torch's generator.
 """
 
@@ -66,6 +66,7 @@ def _(size, dtype, device, call):
 # random (compile_utils.rand_ops; the nondeterministic_seeded tag is not read): each
 # call these ops take a number of its own, from here, so that no two are equal.
 CALLS = itertools.count()
+NUMBERED = (torch.ops.ortlite.dropout_mask.default, torch.ops.ortlite.dropout.default, torch.ops.ortlite.uniform.default)
 
 
 @lower(torch.ops.ortlite.dropout_mask.default, check=lambda node: DRAWN_BY_TORCH)
@@ -77,18 +78,25 @@ _graph_seeds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _seed(node: torch.fx.Node, bits: int) -> int:
-    """The seed of a random node's ONNX Runtime generator: a hash of torch.initial_seed()
-    (torch.manual_seed's value, when the session is built), the node's graph (its ops, in
-    order) and the node's name. The same program under the same manual_seed draws the same
-    masks; two nodes, or two graphs that differ, draw apart (hashed: ORT's RandomUniform
-    generator is a linear congruential one, whose streams from adjacent seeds are alike).
-    The generator then advances call by call: each call gets new masks."""
+    """The seed of a random node's ONNX Runtime generator: a hash of torch's CPU generator
+    state when the graph is lowered (read, not advanced), the graph (its nodes with their
+    arguments and sizes) and the node's name. The same program after the same
+    torch.manual_seed draws the same masks; two nodes draw apart, and so do graphs that
+    differ in sizes or constants alone (a recompile for new sizes, a specialization: with
+    their ops alone hashed, each such session repeated the first one's masks call by call).
+    Hashed: ORT's RandomUniform generator is a linear congruential one, whose streams from
+    adjacent seeds are alike. The generator then advances call by call: each call gets
+    new masks."""
     graph = node.graph
     base = _graph_seeds.get(graph)
     if base is None:
-        ops = "\n".join(f"{n.op} {n.target} {n.name}" for n in graph.nodes)
-        base = _graph_seeds[graph] = hashlib.sha256(ops.encode()).hexdigest()
-    digest = hashlib.sha256(f"{torch.initial_seed()} {base} {node.name}".encode()).digest()
+        digest = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
+        for n in graph.nodes:
+            val = n.meta.get("val")
+            args = n.args[:-1] if n.target in NUMBERED else n.args  # (not the call's number: it differs per trace)
+            digest.update(f"{n.op} {n.target} {n.name} {args} {n.kwargs} {tuple(val.shape) if isinstance(val, torch.Tensor) else ''}\n".encode())
+        base = _graph_seeds[graph] = digest.hexdigest()
+    digest = hashlib.sha256(f"{base} {node.name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") % (1 << bits)
 
 
@@ -101,9 +109,15 @@ def _dropout_check(node):
 
 @lower(torch.ops.ortlite.dropout.default, check=_dropout_check)
 def _dropout(g, node, x, p, call):
-    ratio = g.const(p, x.dtype)
-    # (seed: an int attribute of Dropout; its kernel's generator is Philox)
-    return g.op("Dropout", x, ratio, g.const(True, torch.bool), outputs=2, seed=_seed(node, 63))
+    # Not ONNX's Dropout: ONNX Runtime's CPU kernel seeds a new linear congruential generator
+    # with seed + 1 at each call, so call j's value at element k is call 0's shifted by a
+    # constant of k (16807**k / (2**31 - 1), mod 1): element 0 kept or dropped call after
+    # call, each element's masks far from independent. RandomUniformLike keeps one stream a
+    # node, continued call to call.
+    uniform = g.op("RandomUniformLike", x, dtype=TORCH_TO_ONNX[torch.float32], low=0.0, high=1.0, seed=float(_seed(node, 24)))
+    keep = g.op("GreaterOrEqual", uniform, g.const(p, torch.float32))
+    kept = g.op("Where", keep, x, g.const(0.0, x.dtype))
+    return g.op("Mul", kept, g.const(1.0 / (1.0 - p), x.dtype)), keep
 
 
 def _uniform_check(node):
