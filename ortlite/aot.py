@@ -83,10 +83,11 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     lower = functools.partial(
         lower_graph, gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", mutated=_mutated_inputs(signature, placeholders)
     )
-    activation_ranges = None
+    activation_ranges, samples = None, 0
     if options.calibration is not None:  # the float graph run on the samples first (ortlite.calibrate)
-        activation_ranges = calibrated_ranges(lower(calibration=OBSERVE), gm, options, weights, program.call_spec.in_spec, reduced)
+        activation_ranges, samples = calibrated_ranges(lower(calibration=OBSERVE), gm, options, weights, program.call_spec.in_spec, reduced)
     lowered = lower(quantize=options.quantize, calibration=activation_ranges)
+    lowered.calibration_samples = samples
     lowered.guards = _export_guards(placeholders, lowered.symbols)
     lowered.input_views = _input_views(gm, signature)
     lowered.io_dtype = reduced

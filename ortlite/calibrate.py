@@ -17,8 +17,9 @@ from .runner import runner_for
 from .session import SessionCache
 
 
-def calibrated_ranges(observing, gm, options, weights: list, in_spec, io_dtype=None) -> dict:
-    """tensor name -> (min, max) over the first CALIBRATION_SAMPLES of options.calibration.
+def calibrated_ranges(observing, gm, options, weights: list, in_spec, io_dtype=None) -> tuple[dict, int]:
+    """(tensor name -> (min, max), the number of samples run) over the first
+    CALIBRATION_SAMPLES of options.calibration.
     observing: a LoweredGraph lowered with calibration=OBSERVE; weights: the tensors bound
     ahead of the call's arguments; in_spec: the call's pytree structure (args, kwargs)."""
     names = observing.observed
@@ -54,4 +55,4 @@ def calibrated_ranges(observing, gm, options, weights: list, in_spec, io_dtype=N
     for name, lo, hi in zip(names, low, high):
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise ValueError(f"Options.calibration: {name} took a value that is not finite ({lo}, {hi}) on the samples; it cannot be quantized")
-    return {name: (lo, hi) for name, lo, hi in zip(names, low, high)}
+    return {name: (lo, hi) for name, lo, hi in zip(names, low, high)}, count

@@ -161,6 +161,11 @@ class Backend:
 
     def __init__(self, options: Options | dict | None = None):
         self.options = Options.coerce(options)
+        if self.options.calibration is not None:
+            raise NotImplementedError(
+                "Options.calibration (static int8 convolutions) runs through ortlite.compile(model, args, options=...) "
+                "for now: under torch.compile ortlite cannot yet map the samples onto the graphs Dynamo captures"
+            )
         self._sessions = SessionCache()
         self._by_options: dict[Options, Backend] = {}
         self.reset()

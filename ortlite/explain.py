@@ -21,7 +21,15 @@ def explain(fn_or_module, *args, options: Options | dict | None = None, **kwargs
     with the reason and the user's source line, the sessions and their providers, and with
     Options(quantize=...) the products quantized and their kernels. options: the Backend's
     (its dump_dir is explain's own). str() of the result is a table; .table(fusions=True) adds
-    what ONNX Runtime's graph optimizations made of each session's model (e.g. MatMul+Add -> Gemm)."""
+    what ONNX Runtime's graph optimizations made of each session's model (e.g. MatMul+Add -> Gemm).
+    explain(compiled) of a CompiledModel (ortlite.compile, ortlite.load): its graph's ops, the
+    products quantized, and the convolutions quantized statically with their calibrated ranges."""
+    from .compiled import CompiledModel
+
+    if isinstance(fn_or_module, CompiledModel):
+        if args or kwargs:
+            raise TypeError("ortlite.explain(compiled): a CompiledModel is explained as compiled, without arguments")
+        return CompiledExplanation(fn_or_module)
     workdir = tempfile.TemporaryDirectory(prefix="ortlite-explain-")
     backend = Backend(Options.coerce(options).with_changes(dump_dir=workdir.name))  # the models, for fusions
     torch.compile(fn_or_module, backend=backend)(*args, **kwargs)
@@ -89,6 +97,42 @@ class Explanation:
                     if os.path.exists(path):
                         self._fusions[session] = _optimized_ops(path, runners.get(session))
         return self._fusions
+
+
+class CompiledExplanation:
+    """What ortlite.compile made: str() is a table."""
+
+    def __init__(self, compiled):
+        self.lowered = compiled._lowered
+        self.providers = list(getattr(compiled, "providers", []) or [])
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        return f"<ortlite.CompiledExplanation>\n{self.table()}"
+
+    def table(self) -> str:
+        lowered = self.lowered
+        ops = collections.Counter(n.op_type for n in lowered.model.graph.node)
+        lines = [f"compiled graph: {sum(ops.values())} ONNX node(s), all in ONNX Runtime on {', '.join(self.providers) or 'CPUExecutionProvider'}"]
+        lines += _columns(sorted(ops.items()), indent=2)
+        if lowered.quantized:
+            lines.append(f"  quantized per call ({len(lowered.quantized)} product(s); node | K x N | kernel):")
+            lines += _columns([(q.origin or q.node, f"{q.k} x {q.n}", q.kernel) for q in lowered.quantized], indent=4)
+        if lowered.static_convs:
+            lines.append(
+                f"  quantized statically ({len(lowered.static_convs)} convolution(s), uint8 activations, int8 weights per channel; "
+                f"ranges: min/max over {lowered.calibration_samples} sample(s) of Options.calibration):"
+            )
+            rows = [("node", "out channels / groups", "input range", "output range")]
+            rows += [(c.origin or c.node, f"{c.channels} / {c.groups}", _span(c.input_range), _span(c.output_range)) for c in lowered.static_convs]
+            lines += _columns(rows, indent=4)
+        return "\n".join(lines)
+
+
+def _span(bounds) -> str:
+    return f"[{bounds[0]:.4g}, {bounds[1]:.4g}]" if bounds else "?"
 
 
 def _optimized_ops(path: str, runner) -> dict:

@@ -236,3 +236,19 @@ def test_calibration_needs_int8():
         ortlite.Options(calibration=[torch.ones(1)])
     with pytest.raises(TypeError, match="iterable"):
         ortlite.Options(quantize="int8", calibration=torch.ones(4, 3))
+
+
+def test_torch_compile_says_calibration_is_ortlite_compiles():
+    with pytest.raises(NotImplementedError, match="ortlite.compile"):
+        ortlite.Backend(dict(quantize="int8", calibration=[torch.ones(1)]))
+
+
+def test_explain_lists_the_static_convolutions_and_their_ranges():
+    torch.manual_seed(0)
+    model = _randomize_norms(_ResNet())
+    compiled = _static(model, [torch.randn(1, 3, 32, 32) for _ in range(5)])
+    text = str(ortlite.explain(compiled))
+    assert "quantized statically (6 convolution(s)" in text and "min/max over 5 sample(s)" in text
+    first = compiled._lowered.static_convs[0]
+    assert f"[{first.input_range[0]:.4g}, {first.input_range[1]:.4g}]" in text
+    assert "QuantizeLinear" in text

@@ -100,6 +100,7 @@ class LoweredGraph:
     # calibrating, the tensors observed, each one's min and max the ONNX outputs after the rest
     static_convs: list = dataclasses.field(default_factory=list)
     observed: list = dataclasses.field(default_factory=list)
+    calibration_samples: int = 0  # how many samples calibrated static_convs' ranges
     # outputs ONNX Runtime must write into an input's memory (its kernel makes them from that
     # input in place: GroupQueryAttention's present key sharing the past key's buffer, see
     # lower.decoder): [(ONNX output name, ONNX input name)]; the runner binds both to it
