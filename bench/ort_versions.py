@@ -11,7 +11,7 @@ ai.onnx opsets, the com.microsoft ops ortlite writes). Each is run by the onnxru
 reference) and by each version (InferenceSession on CPU, GatherToSliceFusion disabled as
 docs/aot-save-load-serving.md says); "ok" means its outputs equal the reference's within rtol
 1e-4. Versions: the oldest that installs here, then each minor release on the index, and the
-ones Triton's releases pin (1.18.0, 1.19.0, 1.23.0, 1.24.1). Venvs are made once
+ones Triton's releases pin where a minor release starts (1.18.0, 1.19.0, 1.21.0, 1.23.0, 1.24.1). Venvs are made once
 (pip install onnxruntime==V "numpy<2"), kept for later runs. --record writes the results as
 JSON (tests/test_min_ort_version.py checks the rules against it).
 """
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-VERSIONS = "1.15.1,1.16.3,1.17.3,1.18.0,1.18.1,1.19.0,1.19.2,1.20.1,1.21.1,1.22.1,1.23.0,1.23.2,1.24.1,1.24.4,1.26.0,1.28.0,1.30.0,1.32.0"
+VERSIONS = "1.15.1,1.16.3,1.17.3,1.18.0,1.18.1,1.19.0,1.19.2,1.20.1,1.21.0,1.21.1,1.22.1,1.23.0,1.23.2,1.24.1,1.24.4,1.26.0,1.28.0,1.30.0,1.32.0"
 
 # runs inside each venv: numpy and onnxruntime alone
 RUNNER = r"""
