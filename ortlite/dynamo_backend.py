@@ -23,8 +23,9 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from .decomp import decomposition_table
 from .frozen import frozen_inputs, sub_frozen, weight_indices
 from .logs import log, warn_once
-from .lower import LoweringError, NodeNotLowered, lower_graph
-from .options import Options
+from .calibrate import dynamo_graph_inputs, observe
+from .lower import OBSERVE, LoweringError, NodeNotLowered, lower_graph
+from .options import CALIBRATION_SAMPLES, Options
 from .partition import (
     alias_views_to_torch,
     fallback_counts,
@@ -67,6 +68,8 @@ class GraphReport:
     providers: list  # their execution providers
     quantized: list = dataclasses.field(default_factory=list)  # Options.quantize: (module path, lower.quantize.QuantizedProduct) per product
     widened_from: torch.dtype | None = None  # computed in float32 instead of this dtype (ortlite.widen)
+    static_convs: list = dataclasses.field(default_factory=list)  # Options.calibration: (module path, lower.qdq.StaticConv)
+    calibration_samples: int = 0
 
     @classmethod
     def of(cls, name: str, gm: torch.fx.GraphModule, runners: list, unsupported: dict) -> "GraphReport":
@@ -75,9 +78,12 @@ class GraphReport:
         left = [(op_name(n), reason, source_line(n)) for n, reason in unsupported.items() if n.target is not operator.getitem]
         providers = sorted({p for r in runners for p in r.providers})
         quantized = [q for r in runners for q in getattr(r, "quantized", ())]
-        modules = {n.name: _module_path(n) for n in calls} if quantized else {}
+        static = [c for r in runners for c in getattr(r, "static_convs", ())]
+        modules = {n.name: _module_path(n) for n in calls} if quantized or static else {}
         quantized = [(modules.get(q.origin) or q.origin or q.weight, q) for q in quantized]
-        return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized, gm.meta.get(WIDENED_FROM))
+        static = [(modules.get(c.origin) or c.origin or c.node, c) for c in static]
+        samples = max((getattr(r, "calibration_samples", 0) for r in runners), default=0)
+        return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized, gm.meta.get(WIDENED_FROM), static, samples)
 
 
 def _module_path(node: torch.fx.Node) -> str:
@@ -161,11 +167,8 @@ class Backend:
 
     def __init__(self, options: Options | dict | None = None):
         self.options = Options.coerce(options)
-        if self.options.calibration is not None:
-            raise NotImplementedError(
-                "Options.calibration (static int8 convolutions) runs through ortlite.compile(model, args, options=...) "
-                "for now: under torch.compile ortlite cannot yet map the samples onto the graphs Dynamo captures"
-            )
+        # (taken once: a generator's samples serve every graph)
+        self._calibration = None if self.options.calibration is None else list(itertools.islice(self.options.calibration, CALIBRATION_SAMPLES))
         self._sessions = SessionCache()
         self._by_options: dict[Options, Backend] = {}
         self.reset()
@@ -219,6 +222,8 @@ class Backend:
         # compiler freezes weights from them, and reads from gm which floats are attributes.
         # Held only while aot_autograd compiles.
         dynamo_graph = {"gm": gm, "inputs": list(example_inputs)}
+        if self._calibration is not None:  # each sample as this graph's inputs (or why not)
+            dynamo_graph["samples"] = dynamo_graph_inputs(gm, list(example_inputs), self._calibration)
         try:
             return aot_autograd(
                 fw_compiler=self._compile_forward,
@@ -271,7 +276,58 @@ class Backend:
         mutated = mutated_outputs(gm)
         if mutated:  # (read by _build_runner for this graph whole: not a part, not a variant)
             gm.meta[MUTATED_KEY] = mutated
+        if "samples" in dynamo_graph:
+            static = self._static_int8(gm, frozen, lifted, dynamo_graph["samples"], floats or mutated)
+            if static is not None:
+                return static
         return self.compile_graph(gm, "forward", frozen, floats, numbers)
+
+    def _static_int8(self, gm, frozen: dict, lifted: list, samples, special):
+        """Options.calibration: gm with its frozen weights as constants, calibrated on the
+        samples (each the graph's inputs: lifted weights, then Dynamo's), its convolutions
+        quantized statically (lower.qdq). The weights are baked in: one that changes sends the
+        graph to the float path, with a warning. None (with a warning) where gm cannot be:
+        it is not whole in ONNX Runtime, or the samples do not reach it."""
+        why = samples if isinstance(samples, str) else None
+        if why is None and (not frozen or special):
+            why = "its weights are not frozen, or it takes float attributes or mutates its inputs"
+        if why is None and unsupported_nodes(gm, {}):
+            why = "part of it runs in torch"
+        name = f"forward_{next(_graph_ids)}"
+        if why is None:
+            placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+            constants = {placeholders[i].name: t for i, t in frozen.items()}
+            kept = [i for i in range(len(placeholders)) if i not in frozen]
+            lower = functools.partial(lower_graph, gm, self.options.opset, constants, stable_ties=self.options.sort_ties == "stable")
+            try:
+                with unset_fake_temporarily():
+                    observing = lower(calibration=OBSERVE)
+                    ranges, count = observe(observing, gm, self.options, ([(lifted + inputs)[i] for i in kept] for inputs in samples))
+                    lowered = lower(quantize="int8", calibration=ranges)
+                    lowered.calibration_samples = count
+                    runner = runner_for(name, lowered, gm, self.options, self._sessions)
+            except Exception as e:
+                if self.options.fallback == "error":
+                    raise
+                why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            warn_once(f"ortlite: Options.calibration: a graph's convolutions stay float (products quantized per call): {why}")
+            return None
+        runner.quantized, runner.static_convs, runner.calibration_samples = lowered.quantized, lowered.static_convs, count
+        self._adopt(name, gm, [runner], {})
+        weights = list(frozen.values())
+        versions = [t._version for t in weights]
+        unquantized = []
+
+        def call(*args):
+            if not unquantized:
+                if all(t._version == v for t, v in zip(weights, versions)):
+                    return runner(*[args[i] for i in kept])
+                warn_once(f"ortlite: graph {name}: a weight changed after static quantization baked it in: the graph runs unquantized from now on")
+                unquantized.append(self._compile(gm, f"{name}_unquantized", boxed=False))
+            return unquantized[0](*args)
+
+        return make_boxed_func(call)
 
     def compile_graph(self, gm: torch.fx.GraphModule, kind: str, frozen: dict | None = None, floats: dict | None = None, numbers: bool = False):
         """One aten graph -> a boxed callable (aot_autograd's convention): a runner when ORT

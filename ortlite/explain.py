@@ -72,6 +72,8 @@ class Explanation:
             if g.quantized:
                 lines.append(f"  quantized ({len(g.quantized)} product(s); module | K x N | kernel):")
                 lines += _columns([(where, f"{q.k} x {q.n}", q.kernel) for where, q in g.quantized], indent=4)
+            if g.static_convs:
+                lines += _static_rows(g.static_convs, g.calibration_samples)
             if fusions:
                 for session in g.sessions:
                     made = self.fusions().get(session)
@@ -121,14 +123,19 @@ class CompiledExplanation:
             lines.append(f"  quantized per call ({len(lowered.quantized)} product(s); node | K x N | kernel):")
             lines += _columns([(q.origin or q.node, f"{q.k} x {q.n}", q.kernel) for q in lowered.quantized], indent=4)
         if lowered.static_convs:
-            lines.append(
-                f"  quantized statically ({len(lowered.static_convs)} convolution(s), uint8 activations, int8 weights per channel; "
-                f"ranges: min/max over {lowered.calibration_samples} sample(s) of Options.calibration):"
-            )
-            rows = [("node", "out channels / groups", "input range", "output range")]
-            rows += [(c.origin or c.node, f"{c.channels} / {c.groups}", _span(c.input_range), _span(c.output_range)) for c in lowered.static_convs]
-            lines += _columns(rows, indent=4)
+            lines += _static_rows([(c.origin or c.node, c) for c in lowered.static_convs], lowered.calibration_samples)
         return "\n".join(lines)
+
+
+def _static_rows(convs: list, samples: int) -> list[str]:
+    """convs: (where, lower.qdq.StaticConv)."""
+    lines = [
+        f"  quantized statically ({len(convs)} convolution(s), uint8 activations, int8 weights per channel; "
+        f"ranges: min/max over {samples} sample(s) of Options.calibration):"
+    ]
+    rows = [("module or node", "out channels / groups", "input range", "output range")]
+    rows += [(where, f"{c.channels} / {c.groups}", _span(c.input_range), _span(c.output_range)) for where, c in convs]
+    return lines + _columns(rows, indent=4)
 
 
 def _span(bounds) -> str:

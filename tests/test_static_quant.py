@@ -238,9 +238,73 @@ def test_calibration_needs_int8():
         ortlite.Options(quantize="int8", calibration=torch.ones(4, 3))
 
 
-def test_torch_compile_says_calibration_is_ortlite_compiles():
-    with pytest.raises(NotImplementedError, match="ortlite.compile"):
-        ortlite.Backend(dict(quantize="int8", calibration=[torch.ones(1)]))
+def test_torch_compile_gives_ortlite_compiles_results_and_explains():
+    torch.manual_seed(0)
+    model = _randomize_norms(_ResNet())
+    samples = [torch.randn(1, 3, 32, 32) for _ in range(6)]
+    aot = _static(model, samples)
+    backend = ortlite.Backend(dict(quantize="int8", calibration=iter(samples)))  # (a generator: taken once)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1, 3, 32, 32)
+            assert torch.equal(compiled(x), aot(x))  # the same graph, the same calibration
+    (report,) = backend.graph_reports
+    assert len(report.static_convs) == 6 and report.calibration_samples == 6
+    assert report.static_convs[0][0] == "L['self'].stem.0"
+    with torch.no_grad():
+        text = str(ortlite.explain(model, samples[0], options=dict(quantize="int8", calibration=samples)))
+    assert "quantized statically (6 convolution(s)" in text and "L['self'].blocks.1.down.0" in text
+
+
+def test_torch_compile_maps_samples_onto_a_functions_arguments_and_symbolic_sizes():
+    torch.manual_seed(0)
+    model = _randomize_norms(_ResNet())
+
+    def fn(scale, images):
+        return model(images) * scale
+
+    samples = [(torch.tensor(2.0), torch.randn(b, 3, 32, 32)) for b in (2, 3, 4)]
+    aot = _static(model, [s[1] for s in samples], example=samples[0][1], dynamic_shapes=({0: Dim("batch", min=1, max=64)},))
+    backend = ortlite.Backend(dict(quantize="int8", calibration=samples))
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for batch in (2, 5, 3):
+            x = torch.randn(batch, 3, 32, 32)
+            torch.testing.assert_close(compiled(torch.tensor(2.0), x), 2 * aot(x), rtol=0, atol=1e-6)
+    assert sum(len(r.static_convs) for r in backend.graph_reports) == 6
+
+
+def test_torch_compile_where_samples_cannot_reach_a_graph_warns_and_stays_right(caplog):
+    torch.manual_seed(0)
+    model = _randomize_norms(_ResNet())
+
+    def fn(x):
+        y = x * 2
+        torch._dynamo.graph_break()  # the graph after it reads y, not the call's argument
+        return model(y)
+
+    backend = ortlite.Backend(dict(quantize="int8", calibration=[torch.randn(1, 3, 32, 32)]))
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="ortlite"):
+        got = torch.compile(fn, backend=backend)(x)
+    torch.testing.assert_close(got, model(2 * x), atol=0.02, rtol=0.02)  # (its Linear quantized per call)
+    assert sum(len(r.static_convs) for r in backend.graph_reports) == 0
+    assert any("stay float" in r.message and "graph break" in r.message for r in caplog.records)
+
+
+def test_torch_compile_a_weight_changed_after_calibration_runs_unquantized(caplog):
+    torch.manual_seed(0)
+    model = _randomize_norms(_ResNet())
+    samples = [torch.randn(1, 3, 32, 32) for _ in range(3)]
+    compiled = torch.compile(model, backend=ortlite.Backend(dict(quantize="int8", calibration=samples)))
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="ortlite"):
+        compiled(x)
+        model.stem[0].weight.mul_(-1)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert sum("a weight changed after static quantization" in r.message for r in caplog.records) == 1
 
 
 def test_explain_lists_the_static_convolutions_and_their_ranges():
