@@ -107,9 +107,10 @@ class Options:
         qdq): uint8 activations at scales calibrated on these samples, int8 weights per output
         channel, BatchNormalization folded in; ONNX Runtime runs conv -> relu -> conv,
         residual adds and max pooling on uint8. An iterable (a list, a DataLoader) of samples,
-        each the call's positional arguments (a tuple) or its one tensor; ortlite.compile runs
-        the first CALIBRATION_SAMPLES (300) through the float graph and keeps each quantized
-        tensor's least and largest value. See docs/reduced-precision.md.
+        each the call's positional arguments (a tuple) or its one tensor; the first
+        CALIBRATION_SAMPLES (300) run through the float graph, each quantized tensor's least
+        and largest value kept (ortlite.calibrate: under torch.compile, in inference graphs
+        the samples reach through Dynamo's sources). See docs/reduced-precision.md.
     """
 
     providers: tuple = ()
