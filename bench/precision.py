@@ -10,6 +10,8 @@ ortlite rows are ortlite.compile; "ortlite tc int8" is torch.compile(backend=ort
 frozen weights under no_grad, "ortlite tc int8 bf16" the same of the bfloat16 model (float32
 inside, called in bfloat16). Error: 1 - cosine of the output against eager float32.
 bench/tc_stages.py splits the "ortlite tc int8" row's time by stage (Dynamo, aot_autograd, runner).
+Convolution networks in int8 (calibrated static quantization) against inductor bf16, PT2E int8
+and ONNX Runtime's quantize_static: bench/precision_vision.py (torchvision: a venv of its own).
 """
 
 from __future__ import annotations
