@@ -99,10 +99,11 @@ class Options:
     random: who draws the random numbers of training graphs (dropout). "torch" (default):
         torch's generator, the values eager draws: dropout's mask is drawn by torch from the
         input's size ahead of the graph (CPU), the graph stays one ONNX Runtime session.
-        "onnxruntime": ONNX Runtime's generators (Dropout, RandomUniform; also rand,
-        rand_like, bernoulli), the same distributions, not eager's values; seeded per node
-        from torch.initial_seed() when the session is built, then advancing call by call
-        (a torch.manual_seed after that does not reset them). See docs/training.md.
+        "onnxruntime": ONNX Runtime's generators (dropout as RandomUniformLike >= p; also
+        rand, rand_like, bernoulli), the same distributions, not eager's values; seeded per
+        node from torch's generator state (read, not advanced) and the graph when it is
+        compiled, then advancing call by call (a torch.manual_seed after that does not reset
+        them). See docs/training.md.
     calibration: with quantize="int8", convolutions are quantized statically (ortlite.lower.
         qdq): uint8 activations at scales calibrated on these samples, int8 weights per output
         channel, BatchNormalization folded in; ONNX Runtime runs conv -> relu -> conv,

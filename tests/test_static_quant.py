@@ -134,10 +134,24 @@ class _MobileBlock(nn.Module):  # depthwise after ReLU6 and after SiLU, squeeze-
         return torch.flatten(nn.functional.adaptive_avg_pool2d(y + self.project(y), 1), 1)
 
 
+class _MobileV3Block(nn.Module):  # torch's hardswish and hardsigmoid decompositions
+    def __init__(self, c=8):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(3, c, 3, 1, 1), nn.BatchNorm2d(c), nn.Hardswish())
+        self.dw = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, groups=c), nn.BatchNorm2d(c), nn.Hardswish())
+        self.squeeze = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, 4, 1), nn.ReLU(), nn.Conv2d(4, c, 1), nn.Hardsigmoid())
+        self.project = nn.Conv2d(c, 4, 1)
+
+    def forward(self, x):
+        y = self.dw(self.expand(x))
+        return self.project(y * self.squeeze(y))
+
+
 NETS = {
     "resnet": lambda: _ResNet(),
     "resnet without norms": lambda: _ResNet(norm=False),
     "mobile": lambda: _MobileBlock(),
+    "mobile v3": lambda: _MobileV3Block(),
 }
 
 
@@ -162,6 +176,8 @@ def test_nets_close_to_float_all_convolutions_integer(name, tmp_path):
     assert ops["QLinearConv"] == convs and ops["Conv"] == 0 and ops["FusedConv"] == 0, ops
     if name.startswith("resnet"):
         assert ops["QLinearAdd"] == 2 and ops["If"] == 0, ops  # residuals in uint8; the max pool's NaN guard dropped
+    if name == "mobile v3":  # one ONNX op for each of torch's five (four) of a hardswish (hardsigmoid)
+        assert ops["Max"] == ops["Min"] == ops["Div"] == 0 and ops["QLinearMul"] == 1, ops
     if name == "mobile":  # SiLU, the squeeze-excitation and its pooling in uint8 too
         assert ops["QLinearSigmoid"] == 4 and ops["QLinearMul"] == 4 and ops["QLinearGlobalAveragePool"] == 2 and ops["Sigmoid"] == 0, ops
     for x in [torch.randn(1, 3, 32, 32) for _ in range(3)]:

@@ -20,7 +20,11 @@ product of the input's and the weight's scales. Steps, on the lowered float grap
    clamp is then dropped, as Q's zero point 0 and its saturation at the calibrated largest
    value, at most the clamp's bound, clamp alike); an Add (a residual) whose two inputs are quantized, its output likewise; a MaxPool
    whose input is quantized, its output at the input's scale (ORT then runs it on uint8). A
-   depthwise Conv only where its input is a quantized op's output (see _depthwise).
+   depthwise Conv only where its input is a quantized op's output (see _depthwise). Also
+   kept in uint8 where their inputs are: Sigmoid, Mul (SiLU, squeeze-excitation), spatial
+   means (as GlobalAveragePool); torch's hardswish and hardsigmoid (x + 3 clamped to [0, 6],
+   times x, over 6: five float ops) become ONNX HardSwish / HardSigmoid between their pairs
+   (equal up to float rounding, far below a quantization step).
 3. observer_outputs (calibration): each planned tensor's min and max as extra outputs.
 4. quantize_planned: the Q/DQ pairs at the calibrated ranges, the weights and biases
    quantized.
@@ -64,6 +68,7 @@ class Plan:
     dropped: set
     aliases: dict  # the output of a quantized MaxPool's NaN guard (an If) -> the MaxPool's output
     means: list  # names of ReduceMean nodes over H and W (4-D) written as GlobalAveragePool
+    activations: dict  # the last node of torch's hardswish / hardsigmoid -> (ONNX op written instead, its input)
 
 
 def fold_batch_norms(graph: onnx.GraphProto) -> int:
@@ -112,6 +117,7 @@ def plan(graph: onnx.GraphProto) -> Plan:
     made = set()  # the planned outputs of quantized ops (their readers get uint8 at no cost)
     rank: dict = {}  # of made values, where known
     means: list = []  # ReduceMeans over H and W to write as GlobalAveragePool
+    activations: dict = {}  # the last node of a hardswish / hardsigmoid chain -> (ONNX op, its input)
     ints = _int_constants(graph)
     constant = _scalar_constants(graph)
 
@@ -124,6 +130,25 @@ def plan(graph: onnx.GraphProto) -> Plan:
     def bound(node, value):  # the scalar constant the node (Max, Min) compares value with, or None
         other = [i for i in node.input if i != value]
         return constant.get(other[0]) if len(node.input) == 2 and len(other) == 1 else None
+
+    def hard_activation(add):  # ("HardSwish" | "HardSigmoid", x, the chain's nodes) of x + 3 clamped to [0, 6] / 6 (x made)
+        x = next((i for i in add.input if i in made and bound(add, i) == 3.0), None)
+        if x is None or add.output[0] in outputs:
+            return None
+        low = only_reader(add.output[0], "Max")
+        high = only_reader(low.output[0], "Min") if low is not None and bound(low, add.output[0]) == 0.0 else None
+        if high is None or bound(high, low.output[0]) != 6.0:
+            return None
+        product = only_reader(high.output[0], "Mul")
+        if product is not None and x in product.input:
+            divide = only_reader(product.output[0], "Div")
+            chain, op_type = [add, low, high, product, divide], "HardSwish"
+        else:
+            divide = only_reader(high.output[0], "Div")
+            chain, op_type = [add, low, high, divide], "HardSigmoid"
+        if divide is None or divide.input[0] != chain[-2].output[0] or constant.get(divide.input[1]) != 6.0 or divide.output[0] in outputs:
+            return None
+        return op_type, x, chain
 
     def result(node):  # the tensor to quantize for node's output: after a clamp at 0 reading it alone
         out = node.output[0]
@@ -157,6 +182,14 @@ def plan(graph: onnx.GraphProto) -> Plan:
             points[out] = out
             made.add(out)
             rank[out] = max(rank.get(inputs[0], 0), rank.get(inputs[1], 0)) if inputs[0] in rank and inputs[1] in rank else None
+        elif node.op_type == "Add" and (hard := hard_activation(node)) is not None:
+            op_type, x, chain = hard  # (one ONNX op between the Q/DQ pairs, for the 5 or 4 of torch's decomposition)
+            out = chain[-1].output[0]
+            activations[chain[-1].name] = (op_type, x)
+            dropped.update(n.name for n in chain[:-1])
+            points[out] = out
+            made.add(out)
+            rank[out] = rank.get(x)
         elif node.op_type == "Sigmoid" and inputs[0] in made and node.output[0] not in outputs:
             points[node.output[0]] = node.output[0]  # (ORT: QLinearSigmoid)
             made.add(node.output[0])
@@ -173,7 +206,7 @@ def plan(graph: onnx.GraphProto) -> Plan:
                 rank[node.output[0]] = rank.get(inputs[0])
         elif node.op_type == "If" and (passed := _nan_guard_of(node, producer)) in points and node.output[0] not in outputs:
             aliases[node.output[0]] = passed
-    return Plan(points, convs, absorbed, dropped, aliases, means)
+    return Plan(points, convs, absorbed, dropped, aliases, means, activations)
 
 
 def observer_outputs(graph: onnx.GraphProto, names: list) -> list:
@@ -234,6 +267,10 @@ def quantize_planned(graph: onnx.GraphProto, planned: Plan, ranges: dict, origin
             node.input[i] = renames.get(x, x)
         if node.name in planned.means:
             node = helper.make_node("GlobalAveragePool", [node.input[0]], list(node.output), name=node.name)
+        elif node.name in planned.activations:
+            op_type, x = planned.activations[node.name]
+            extra = dict(alpha=1 / 6, beta=0.5) if op_type == "HardSigmoid" else {}
+            node = helper.make_node(op_type, [renames.get(x, x)], list(node.output), name=node.name, **extra)
         nodes.append(node)
         for j, out in enumerate(node.output):
             point = absorbed.get(out, out)
