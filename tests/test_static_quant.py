@@ -147,11 +147,24 @@ class _MobileV3Block(nn.Module):  # torch's hardswish and hardsigmoid decomposit
         return self.project(y * self.squeeze(y))
 
 
+class _InputResiduals(nn.Module):  # adds reading the graph's input (no rank known for it) and each other
+    def __init__(self, c=3, depth=3):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)) for _ in range(depth))
+
+    def forward(self, x):
+        y = x
+        for conv in self.convs:
+            y = torch.relu(conv(y) + y) + x
+        return y
+
+
 NETS = {
     "resnet": lambda: _ResNet(),
     "resnet without norms": lambda: _ResNet(norm=False),
     "mobile": lambda: _MobileBlock(),
     "mobile v3": lambda: _MobileV3Block(),
+    "input residuals": lambda: _InputResiduals(),
 }
 
 

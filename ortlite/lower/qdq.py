@@ -78,8 +78,9 @@ def fold_batch_norms(graph: onnx.GraphProto) -> int:
     readers = _readers(graph)
     outputs = {o.name for o in graph.output}
     producer = {o: n for n in graph.node for o in n.output}
-    folded = 0
-    for bn in list(graph.node):
+    taken = Names({o for n in graph.node for o in n.output} | {i.name for i in graph.input} | set(initializers))
+    folded = set()
+    for bn in graph.node:
         if bn.op_type != "BatchNormalization" or bn.domain not in ONNX_DOMAINS or len(bn.output) != 1 or _attr(bn, "training_mode", 0):
             continue
         conv = producer.get(bn.input[0])
@@ -93,17 +94,18 @@ def fold_batch_norms(graph: onnx.GraphProto) -> int:
         factor = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + _attr(bn, "epsilon", 1e-5))
         new_weight = (weight * factor.reshape(-1, *[1] * (weight.ndim - 1))).astype(np.float32)
         new_bias = ((bias - mean) * factor + beta).astype(np.float32)
-        taken = {t.name for t in graph.initializer}
-        w_name, b_name = _unused(taken, f"{conv.input[1]}_folded"), _unused(taken | {conv.input[1] + "_folded"}, f"{conv.input[1]}_folded_bias")
+        w_name, b_name = taken.fresh(f"{conv.input[1]}_folded"), taken.fresh(f"{conv.input[1]}_folded_bias")
         graph.initializer.extend([numpy_helper.from_array(new_weight, w_name), numpy_helper.from_array(new_bias, b_name)])
         del conv.input[1:]
         conv.input.extend([w_name, b_name])
         conv.output[0] = bn.output[0]
-        graph.node.remove(bn)
-        folded += 1
+        folded.add(id(bn))
     if folded:
+        kept = [n for n in graph.node if id(n) not in folded]
+        del graph.node[:]
+        graph.node.extend(kept)
         drop_unread_initializers(graph)
-    return folded
+    return len(folded)
 
 
 def plan(graph: onnx.GraphProto) -> Plan:
@@ -181,7 +183,8 @@ def plan(graph: onnx.GraphProto) -> Plan:
             out = result(node)  # (ORT: QLinearAdd, QLinearMul; a SiLU's x * sigmoid(x), a squeeze-excitation's scaling)
             points[out] = out
             made.add(out)
-            rank[out] = max(rank.get(inputs[0], 0), rank.get(inputs[1], 0)) if inputs[0] in rank and inputs[1] in rank else None
+            ranks = [rank.get(i) for i in inputs]
+            rank[out] = None if None in ranks else max(ranks)
         elif node.op_type == "Add" and (hard := hard_activation(node)) is not None:
             op_type, x, chain = hard  # (one ONNX op between the Q/DQ pairs, for the 5 or 4 of torch's decomposition)
             out = chain[-1].output[0]
@@ -417,14 +420,6 @@ def _float_constant(initializers: dict, name: str):
     if t is None or t.data_type != onnx.TensorProto.FLOAT:
         return None
     return numpy_helper.to_array(t).astype(np.float64)
-
-
-def _unused(taken: set, base: str) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    return name
 
 
 def _attr(node, name, default):
