@@ -18,9 +18,10 @@ product of the input's and the weight's scales. Steps, on the lowered float grap
 2. plan: which tensors are quantized. Each quantized Conv's input and output (its output
    after a clamp at 0 that reads it alone, a Relu or a ReLU6's Max with 0 and Min with 6: the
    clamp is then dropped, as Q's zero point 0 and its saturation at the calibrated largest
-   value, at most the clamp's bound, clamp alike); an Add (a residual) whose two inputs are quantized, its output likewise; a MaxPool
-   whose input is quantized, its output at the input's scale (ORT then runs it on uint8). A
-   depthwise Conv only where its input is a quantized op's output (see _depthwise). Also
+   value, at most the clamp's bound, clamp alike); an Add (a residual) whose two inputs are
+   quantized, its output likewise; a MaxPool whose input is quantized, its output at the
+   input's scale (ORT then runs it on uint8). A depthwise Conv only where its input is a
+   quantized op's output (see _depthwise). Also
    kept in uint8 where their inputs are: Sigmoid, Mul (SiLU, squeeze-excitation), spatial
    means (as GlobalAveragePool); torch's hardswish and hardsigmoid (x + 3 clamped to [0, 6],
    times x, over 6: five float ops) become ONNX HardSwish / HardSigmoid between their pairs
@@ -58,16 +59,17 @@ class StaticConv:
 
 @dataclasses.dataclass
 class Plan:
-    """points: tensor name -> the tensor whose calibrated range it takes (itself, or a
-    MaxPool's input); convs: the Conv nodes quantized; absorbed: a quantized op's output -> the
-    output of the clamp after it that its Q replaces; dropped: the names of those clamp nodes."""
+    """Nodes are known by their first output (not every node has a name). points: tensor name
+    -> the tensor whose calibrated range it takes (itself, or a MaxPool's input); convs: the
+    Conv nodes quantized; absorbed: a quantized op's output -> the output of the clamp after it
+    that its Q replaces; dropped: those clamp nodes (and a hardswish's first nodes)."""
 
     points: dict
     convs: list
     absorbed: dict
     dropped: set
     aliases: dict  # the output of a quantized MaxPool's NaN guard (an If) -> the MaxPool's output
-    means: list  # names of ReduceMean nodes over H and W (4-D) written as GlobalAveragePool
+    means: set  # ReduceMean nodes over H and W (4-D) written as GlobalAveragePool
     activations: dict  # the last node of torch's hardswish / hardsigmoid -> (ONNX op written instead, its input)
 
 
@@ -79,8 +81,8 @@ def fold_batch_norms(graph: onnx.GraphProto) -> int:
     outputs = {o.name for o in graph.output}
     producer = {o: n for n in graph.node for o in n.output}
     taken = Names({o for n in graph.node for o in n.output} | {i.name for i in graph.input} | set(initializers))
-    folded = set()
-    for bn in graph.node:
+    folded = set()  # positions of the BatchNormalizations folded
+    for position, bn in enumerate(graph.node):
         if bn.op_type != "BatchNormalization" or bn.domain not in ONNX_DOMAINS or len(bn.output) != 1 or _attr(bn, "training_mode", 0):
             continue
         conv = producer.get(bn.input[0])
@@ -99,9 +101,9 @@ def fold_batch_norms(graph: onnx.GraphProto) -> int:
         del conv.input[1:]
         conv.input.extend([w_name, b_name])
         conv.output[0] = bn.output[0]
-        folded.add(id(bn))
+        folded.add(position)
     if folded:
-        kept = [n for n in graph.node if id(n) not in folded]
+        kept = [n for i, n in enumerate(graph.node) if i not in folded]
         del graph.node[:]
         graph.node.extend(kept)
         drop_unread_initializers(graph)
@@ -118,12 +120,12 @@ def plan(graph: onnx.GraphProto) -> Plan:
     convs, absorbed, dropped, aliases = [], {}, set(), {}
     made = set()  # the planned outputs of quantized ops (their readers get uint8 at no cost)
     rank: dict = {}  # of made values, where known
-    means: list = []  # ReduceMeans over H and W to write as GlobalAveragePool
+    means: set = set()  # ReduceMeans over H and W to write as GlobalAveragePool
     activations: dict = {}  # the last node of a hardswish / hardsigmoid chain -> (ONNX op, its input)
     ints = _int_constants(graph)
     constant = _scalar_constants(graph)
 
-    def only_reader(value, op_type):
+    def only_reader(value, op_type):  # (fusions._only_user, but counting reads inside If branches: the value's name goes away)
         users = readers.get(value, [])
         if value in outputs or len(users) != 1 or users[0].op_type != op_type or users[0].domain not in ONNX_DOMAINS:
             return None
@@ -164,7 +166,7 @@ def plan(graph: onnx.GraphProto) -> Plan:
                 chain.append(high)
         if not chain:
             return out
-        dropped.update(n.name for n in chain)
+        dropped.update(n.output[0] for n in chain)
         absorbed[out] = chain[-1].output[0]
         return chain[-1].output[0]
 
@@ -188,8 +190,8 @@ def plan(graph: onnx.GraphProto) -> Plan:
         elif node.op_type == "Add" and (hard := hard_activation(node)) is not None:
             op_type, x, chain = hard  # (one ONNX op between the Q/DQ pairs, for the 5 or 4 of torch's decomposition)
             out = chain[-1].output[0]
-            activations[chain[-1].name] = (op_type, x)
-            dropped.update(n.name for n in chain[:-1])
+            activations[chain[-1].output[0]] = (op_type, x)
+            dropped.update(n.output[0] for n in chain[:-1])
             points[out] = out
             made.add(out)
             rank[out] = rank.get(x)
@@ -200,7 +202,7 @@ def plan(graph: onnx.GraphProto) -> Plan:
         elif node.op_type == "ReduceMean" and inputs[0] in made and rank.get(inputs[0]) == 4 and _spatial_mean(node, ints) and node.output[0] not in outputs:
             points[node.output[0]] = node.output[0]  # (as a GlobalAveragePool: ORT's QLinearGlobalAveragePool)
             made.add(node.output[0])
-            means.append(node.name)
+            means.add(node.output[0])
             rank[node.output[0]] = 4
         elif node.op_type == "MaxPool" and inputs[0] in points and len(node.output) == 1 and node.output[0] not in outputs:
             points[node.output[0]] = points[inputs[0]]
@@ -257,21 +259,22 @@ def quantize_planned(graph: onnx.GraphProto, planned: Plan, ranges: dict, origin
             renames[name] = taken.fresh(f"{name}_dq")
             nodes += pair(name, name, renames[name])
     absorbed = planned.absorbed
-    convs = {id(n) for n in planned.convs}
+    convs = {n.output[0] for n in planned.convs}
     made = []
     for node in graph.node:
-        if node.name in planned.dropped or node.output[0] in planned.aliases:
+        key = node.output[0]
+        if key in planned.dropped or key in planned.aliases:
             continue
-        if id(node) in convs:
+        if key in convs:
             weight_nodes, conv = _quantize_conv(node, params[planned.aliases.get(node.input[0], node.input[0])][0], initializers, constant, taken, origin or {})
             nodes += weight_nodes
             made.append(dataclasses.replace(conv, input_range=_range(ranges, planned, node.input[0]), output_range=_range(ranges, planned, absorbed.get(node.output[0], node.output[0]))))
         for i, x in enumerate(node.input):
             node.input[i] = renames.get(x, x)
-        if node.name in planned.means:
+        if key in planned.means:
             node = helper.make_node("GlobalAveragePool", [node.input[0]], list(node.output), name=node.name)
-        elif node.name in planned.activations:
-            op_type, x = planned.activations[node.name]
+        elif key in planned.activations:
+            op_type, x = planned.activations[key]
             extra = dict(alpha=1 / 6, beta=0.5) if op_type == "HardSigmoid" else {}
             node = helper.make_node(op_type, [renames.get(x, x)], list(node.output), name=node.name, **extra)
         nodes.append(node)
