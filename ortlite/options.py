@@ -47,6 +47,25 @@ def _is_provider_pair(value: Any) -> bool:
     )
 
 
+class CalibrationSamples:
+    """Options.calibration's iterable, equal and hashed by identity: Options with other samples
+    are other Options (a Backend per options), and tensors have no equality to compare by."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __iter__(self):
+        return iter(self.samples)
+
+    def __eq__(self, other):
+        return isinstance(other, CalibrationSamples) and other.samples is self.samples
+
+    def __hash__(self):
+        return id(self.samples)
+
+
 def _is_tensor(value) -> bool:
     import torch
 
@@ -128,7 +147,7 @@ class Options:
     sort_ties: str = "torch"
     quantize: str | None = None
     random: str = "torch"
-    calibration: Any = dataclasses.field(default=None, compare=False, repr=False)  # (samples: not compared, hashed or shown)
+    calibration: Any = dataclasses.field(default=None, repr=False)  # (held as CalibrationSamples: compared by identity)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -153,6 +172,8 @@ class Options:
                     "Options.calibration must be an iterable (a list, a DataLoader) of samples, each the call's arguments as a tuple "
                     f"or its one tensor; got {type(self.calibration).__name__}"
                 )
+            if not isinstance(self.calibration, CalibrationSamples):
+                set_("calibration", CalibrationSamples(self.calibration))
         if self.random not in RANDOM_MODES:
             raise ValueError(f"Options.random must be one of {RANDOM_MODES}, got {self.random!r}")
         transforms = self.model_transforms

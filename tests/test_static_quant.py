@@ -260,6 +260,15 @@ def test_bad_calibration_samples_are_named(samples, error, words):
         _static(model, samples, example=torch.randn(1, 3, 8, 8))
 
 
+def test_options_with_other_samples_are_other_options():
+    samples = [torch.ones(1)]
+    a, b = ortlite.Options(quantize="int8", calibration=samples), ortlite.Options(quantize="int8", calibration=list(samples))
+    assert a != b and a != ortlite.Options(quantize="int8") and a == a.with_changes() and hash(a) == hash(a.with_changes())
+    backend = ortlite.Backend()  # torch.compile(options=...) picks the Backend of equal options: not one without the samples
+    assert backend.for_options(dict(quantize="int8")) is not backend.for_options(dict(quantize="int8", calibration=samples))
+    assert list(a.calibration) == samples
+
+
 def test_calibration_needs_int8():
     with pytest.raises(ValueError, match="quantize='int8'"):
         ortlite.Options(calibration=[torch.ones(1)])
