@@ -1,6 +1,8 @@
 """DistributedDataParallel training step: eager DDP, inductor DDP and ortlite DDP (dropout's
 mask drawn by torch, Options.random="torch", and drawn in ONNX Runtime, "onnxruntime"),
-2 processes x 1 thread on gloo (127.0.0.1), plus ortlite in one process alone (no DDP).
+2 processes x 1 thread on gloo (127.0.0.1), plus eager and ortlite in one process alone (no
+DDP, rank 0 while rank 1 waits): what DDP itself costs on this machine, beside what ortlite's
+DDP costs over ortlite alone.
 
     python bench/train_ddp.py [--models mlp,resnet18,gpt2] [--rounds 5] [--steps 4]
 
@@ -28,7 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-VARIANTS = ["eager", "inductor", "ortlite", "ortlite random=onnxruntime", "ortlite 1 process"]
+VARIANTS = ["eager", "inductor", "ortlite", "ortlite random=onnxruntime", "eager 1 process", "ortlite 1 process"]
+ALONE = ("eager 1 process", "ortlite 1 process")  # (rank 0 alone)
 
 
 class MLP(torch.nn.Module):
@@ -121,6 +124,8 @@ class Trainer:
             self.backend = ortlite.Backend({"random": "onnxruntime"} if "onnxruntime" in variant else None)
         if variant == "ortlite 1 process":
             self.fn = torch.compile(self.model, backend=self.backend)
+        elif variant == "eager 1 process":
+            self.fn = self.model
         elif variant == "eager":
             self.fn = torch.nn.parallel.DistributedDataParallel(self.model)
         else:
@@ -154,7 +159,7 @@ def _worker(rank, port, args, out):
         trainers, times = {}, {v: [] for v in VARIANTS}
         for variant in VARIANTS:
             graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-            if variant != "ortlite 1 process" or rank == 0:
+            if variant not in ALONE or rank == 0:
                 trainers[variant] = Trainer(name, variant, rank)
                 trainers[variant].steps(args.steps)  # compiles; not timed
             if variant in trainers:
@@ -172,7 +177,7 @@ def _worker(rank, port, args, out):
             eager = trainers["eager"].losses
             for variant in VARIANTS:
                 t = trainers[variant]
-                difference = max(abs(a - b) / abs(b) for a, b in zip(t.losses, eager)) if variant != "ortlite 1 process" else None
+                difference = max(abs(a - b) / abs(b) for a, b in zip(t.losses, eager)) if variant not in ALONE else None
                 graphs = t.graphs_per_step() if t.backend is not None else (t.dynamo_graphs * 2 if variant == "inductor" else None)
                 rows.append((name, variant, statistics.median(times[variant]), graphs, difference))
     dist.destroy_process_group()
