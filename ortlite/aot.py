@@ -16,11 +16,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
-from .calibrate import calibrated_ranges
+from .calibrate import exported_calls, lower_calibrated
 from .compiled import CompiledModel, _cast, attach, model_class
 from .decomp import export_decomposition_table
 from .dynamo_backend import missing_kernel_origin
-from .lower import OBSERVE, InputSpec, finite_int, lower_graph
+from .lower import InputSpec, finite_int, lower_graph
 from .lower.registry import shape_env_of
 from .options import Options
 from .partition import source_line, unsupported_nodes
@@ -83,11 +83,10 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     lower = functools.partial(
         lower_graph, gm, options.opset, constants, ranges, stable_ties=options.sort_ties == "stable", mutated=_mutated_inputs(signature, placeholders)
     )
-    activation_ranges, samples = None, 0
     if options.calibration is not None:  # the float graph run on the samples first (ortlite.calibrate)
-        activation_ranges, samples = calibrated_ranges(lower(calibration=OBSERVE), gm, options, weights, program.call_spec.in_spec, reduced)
-    lowered = lower(quantize=options.quantize, calibration=activation_ranges)
-    lowered.calibration_samples = samples
+        lowered = lower_calibrated(lower, gm, options, exported_calls(options, weights, program.call_spec.in_spec, reduced))
+    else:
+        lowered = lower(quantize=options.quantize)
     lowered.guards = _export_guards(placeholders, lowered.symbols)
     lowered.input_views = _input_views(gm, signature)
     lowered.io_dtype = reduced

@@ -19,7 +19,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import _fast
-from .lower import TENSOR, InputSpec, OutputSpec
+from .lower import OBSERVE, TENSOR, InputSpec, OutputSpec
 from .options import CALIBRATION_SAMPLES
 from .runner import runner_for
 from .session import SessionCache
@@ -60,9 +60,19 @@ def observe(observing, gm, options, calls) -> tuple[dict, int]:
     return {name: (lo, hi) for name, lo, hi in zip(names, low, high)}, count
 
 
-def calibrated_ranges(observing, gm, options, weights: list, in_spec, io_dtype=None) -> tuple[dict, int]:
-    """ortlite.compile: observe() over the first CALIBRATION_SAMPLES of options.calibration,
-    each flattened as the exported call (in_spec); weights: the tensors bound ahead of it."""
+def lower_calibrated(lower, gm, options, calls):
+    """The LoweredGraph whose convolutions are quantized statically at the ranges calibrated
+    on calls (argument lists as its runner takes them). lower: lower_graph with all but
+    quantize and calibration given."""
+    ranges, count = observe(lower(calibration=OBSERVE), gm, options, calls)
+    lowered = lower(quantize="int8", calibration=ranges)
+    lowered.calibration_samples = count
+    return lowered
+
+
+def exported_calls(options, weights: list, in_spec, io_dtype=None):
+    """ortlite.compile: the first CALIBRATION_SAMPLES of options.calibration, each flattened
+    as the exported call (in_spec); weights: the tensors bound ahead of it."""
 
     def calls():
         for index, sample in enumerate(itertools.islice(options.calibration, CALIBRATION_SAMPLES)):
@@ -73,7 +83,7 @@ def calibrated_ranges(observing, gm, options, weights: list, in_spec, io_dtype=N
                 flat = [t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == io_dtype else t for t in flat]
             yield [*weights, *flat]
 
-    return observe(observing, gm, options, calls())
+    return calls()
 
 
 def dynamo_graph_inputs(gm: torch.fx.GraphModule, example_inputs: list, samples: list) -> list | str:

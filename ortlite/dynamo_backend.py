@@ -23,8 +23,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from .decomp import decomposition_table
 from .frozen import frozen_inputs, sub_frozen, weight_indices
 from .logs import log, warn_once
-from .calibrate import dynamo_graph_inputs, observe
-from .lower import OBSERVE, LoweringError, NodeNotLowered, lower_graph
+from .calibrate import dynamo_graph_inputs, lower_calibrated
+from .lower import LoweringError, NodeNotLowered, lower_graph
 from .options import CALIBRATION_SAMPLES, Options
 from .partition import (
     alias_views_to_torch,
@@ -301,10 +301,7 @@ class Backend:
             lower = functools.partial(lower_graph, gm, self.options.opset, constants, stable_ties=self.options.sort_ties == "stable")
             try:
                 with unset_fake_temporarily():
-                    observing = lower(calibration=OBSERVE)
-                    ranges, count = observe(observing, gm, self.options, ([(lifted + inputs)[i] for i in kept] for inputs in samples))
-                    lowered = lower(quantize="int8", calibration=ranges)
-                    lowered.calibration_samples = count
+                    lowered = lower_calibrated(lower, gm, self.options, ([(lifted + inputs)[i] for i in kept] for inputs in samples))
                     runner = runner_for(name, lowered, gm, self.options, self._sessions)
             except Exception as e:
                 if self.options.fallback == "error":
@@ -313,7 +310,7 @@ class Backend:
         if why is not None:
             warn_once(f"ortlite: Options.calibration: a graph's convolutions stay float (products quantized per call): {why}")
             return None
-        runner.quantized, runner.static_convs, runner.calibration_samples = lowered.quantized, lowered.static_convs, count
+        runner.quantized, runner.static_convs, runner.calibration_samples = lowered.quantized, lowered.static_convs, lowered.calibration_samples
         self._adopt(name, gm, [runner], {})
         weights = list(frozen.values())
         versions = [t._version for t in weights]

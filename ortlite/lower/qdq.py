@@ -266,9 +266,12 @@ def quantize_planned(graph: onnx.GraphProto, planned: Plan, ranges: dict, origin
         if key in planned.dropped or key in planned.aliases:
             continue
         if key in convs:
-            weight_nodes, conv = _quantize_conv(node, params[planned.aliases.get(node.input[0], node.input[0])][0], initializers, constant, taken, origin or {})
-            nodes += weight_nodes
-            made.append(dataclasses.replace(conv, input_range=_range(ranges, planned, node.input[0]), output_range=_range(ranges, planned, absorbed.get(node.output[0], node.output[0]))))
+            x = planned.aliases.get(node.input[0], node.input[0])
+            made.append(StaticConv(
+                node.name, (origin or {}).get(node.name, ""), _range(ranges, planned, x), _range(ranges, planned, absorbed.get(key, key)),
+                initializers[node.input[1]].dims[0], _attr(node, "group", 1),
+            ))
+            nodes += _quantize_conv(node, params[x][0], initializers, constant, taken)
         for i, x in enumerate(node.input):
             node.input[i] = renames.get(x, x)
         if key in planned.means:
@@ -291,9 +294,9 @@ def quantize_planned(graph: onnx.GraphProto, planned: Plan, ranges: dict, origin
     return made
 
 
-def _quantize_conv(node, input_scale: float, initializers: dict, constant, taken: Names, origin: dict) -> tuple[list, StaticConv]:
+def _quantize_conv(node, input_scale: float, initializers: dict, constant, taken: Names) -> list:
     """node reading its weight (int8, per output channel) and bias (int32 at input scale x
-    weight scale) through DequantizeLinear: (the DequantizeLinear nodes, what was done)."""
+    weight scale) through DequantizeLinear: the DequantizeLinear nodes, to place before it."""
     weight = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
     channels = weight.shape[0]
     w_scale = np.abs(weight.reshape(channels, -1)).max(axis=1) / 127
@@ -318,7 +321,7 @@ def _quantize_conv(node, input_scale: float, initializers: dict, constant, taken
         inputs.append(b_dq)
     del node.input[:]
     node.input.extend(inputs)
-    return nodes, StaticConv(node.name, origin.get(node.name, ""), (), (), channels, _attr(node, "group", 1))
+    return nodes
 
 
 def _range(ranges: dict, planned: Plan, name: str) -> tuple:
