@@ -1,5 +1,9 @@
 """The Cython hot path on hand-built graphs: argument checks and Python scalar inputs."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -124,3 +128,33 @@ def test_raw_tensor_layout_found():
 
     assert _fast.RAW_LAYOUT is True and _fast.RAW_DATA_LAYOUT is True and _fast.RAW_GUARD_LAYOUT is True
     assert _fast.AUTOGRAD_LAYOUT is True and _fast.VERSION_LAYOUT is True
+
+
+PROBE_IN_FRESH_ARENAS = """
+import random, threading, torch
+from ortlite import _fast
+rng, hold, verdicts = random.Random(0), threading.Event(), []
+def probe(n):
+    junk = [torch.empty(rng.randrange(1, 64)) for _ in range(n)]  # moves the arena's top
+    verdicts.append([find() for find in (_fast._find_raw_layout, _fast._find_data_layout, _fast._find_guard_layout)])
+    hold.wait()  # alive: the next thread gets an arena of its own
+threads = [threading.Thread(target=probe, args=(i % 7,)) for i in range(30)]
+for t in threads:
+    t.start()
+hold.set()
+for t in threads:
+    t.join()
+assert all(v == [True, True, True] for v in verdicts) and len(verdicts) == 30, verdicts
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc tunables make the probes' overreads certain to fault")
+def test_layout_probes_read_only_inside_torchs_objects():
+    """The import-time layout probes scan torch's C++ objects, whose sizes they do not know.
+    `import ortlite` in a thread (a Ray Serve replica's) crashed in ~1 of 20 processes: past a
+    TensorImpl, a thread's malloc arena may be unmapped (it grows a page at a time). With
+    glibc's top pad at 0 and a fresh arena per thread, a probe reading past its object faults
+    within 20 threads (every run did before the fix); the probes must also still find the layouts."""
+    env = dict(os.environ, MALLOC_TOP_PAD_="0", MALLOC_ARENA_MAX="1000")
+    result = subprocess.run([sys.executable, "-c", PROBE_IN_FRESH_ARENAS], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])

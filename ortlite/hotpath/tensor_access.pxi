@@ -9,7 +9,12 @@ cdef object _storage_use_count = torch._C._storage_Use_Count
 
 cdef extern from "Python.h":
     ctypedef struct _TypeWithWeaklist "PyTypeObject":
+        Py_ssize_t tp_basicsize
         Py_ssize_t tp_weaklistoffset
+
+
+cdef extern from "<malloc.h>":
+    size_t malloc_usable_size(void* ptr) nogil
 
 
 # The frozen-weight check reads a tensor's version counter and data pointer through the C
@@ -100,9 +105,17 @@ cdef inline bint _sole_user(void* target) noexcept:
     return (_counts_at(target) & (_HAS_PYOBJECT | _USES)) == 1
 
 
+cdef Py_ssize_t _heap_bytes(void* p, Py_ssize_t limit) noexcept:
+    """Of limit bytes from p (a C++ object torch allocated), those inside its allocation. The
+    probes below scan objects whose sizes they do not know, and the memory past one may be
+    unmapped: a thread's malloc arena grows a page at a time, and `import ortlite` in a thread
+    (a Ray Serve replica's) crashed reading past a TensorImpl there."""
+    return min(limit, <Py_ssize_t>malloc_usable_size(p))
+
+
 cdef Py_ssize_t _find_word(void* base, uintptr_t value, Py_ssize_t start, Py_ssize_t limit):
     cdef Py_ssize_t off
-    for off in range(start, limit, sizeof(void*)):
+    for off in range(start, limit - <Py_ssize_t>sizeof(void*) + 1, sizeof(void*)):
         if (<uintptr_t*>((<char*>base) + off))[0] == value:
             return off
     return -1
@@ -116,8 +129,10 @@ cdef inline uintptr_t _raw_data_ptr(object t, Py_ssize_t itemsize) noexcept:
 
 
 cdef set _offsets_of(void* base, uintptr_t value, Py_ssize_t limit):
+    """The offsets in base's first limit bytes (and its heap allocation) that hold value."""
     cdef Py_ssize_t off
-    return {off for off in range(0, limit, sizeof(void*)) if (<uintptr_t*>((<char*>base) + off))[0] == value}
+    limit = _heap_bytes(base, limit)
+    return {off for off in range(0, limit - <Py_ssize_t>sizeof(void*) + 1, sizeof(void*)) if (<uintptr_t*>((<char*>base) + off))[0] == value}
 
 
 def _find_data_layout():
@@ -152,11 +167,12 @@ def _find_raw_layout():
     global _IMPL_OFFSET, _STORAGE_OFFSET
     from torch.utils.dlpack import to_dlpack
     found = _fresh_tensors()
-    offsets = {_find_word(<void*><PyObject*>t, <uintptr_t>t._cdata, sizeof(PyObject), 64) for t in found}
+    offsets = {_find_word(<void*><PyObject*>t, <uintptr_t>t._cdata, sizeof(PyObject),
+                          min(64, (<_TypeWithWeaklist*>(<PyObject*>t).ob_type).tp_basicsize)) for t in found}
     if len(offsets) != 1 or -1 in offsets:
         return "tensor object layout"
     _IMPL_OFFSET = offsets.pop()
-    offsets = {_find_word(_impl_of(t), <uintptr_t>t.untyped_storage()._cdata, sizeof(void*), 512) for t in found}
+    offsets = {_find_word(_impl_of(t), <uintptr_t>t.untyped_storage()._cdata, sizeof(void*), _heap_bytes(_impl_of(t), 512)) for t in found}
     if len(offsets) != 1 or -1 in offsets:
         return "TensorImpl layout"
     _STORAGE_OFFSET = offsets.pop()
@@ -320,6 +336,8 @@ cdef int _raw_check_of(RawCheck* c, object t, Py_ssize_t arg) except -1:
 cdef bint _dims_at(object t, Py_ssize_t off):
     cdef int64_t* dims = <int64_t*>((<char*>_impl_of(t)) + off)
     cdef Py_ssize_t d
+    if off + <Py_ssize_t>sizeof(int64_t) * (1 + 2 * MAX_RAW_DIMS) > _heap_bytes(_impl_of(t), 512):
+        return False
     for d in range(t.dim()):
         if dims[1 + d] != t.shape[d] or dims[1 + MAX_RAW_DIMS + d] != t.stride(d):
             return False
@@ -345,7 +363,7 @@ def _find_guard_layout():
         return "key set or sizes layout"
     _KEYS_OFFSET, _DIMS_OFFSET = keys.pop(), dims.pop()
     dtype_offsets = []
-    for off in range(0, 512, 2):
+    for off in range(0, min(_heap_bytes(_impl_of(t), 512) for t in samples) - 1, 2):
         seen = {}
         for t in samples:
             value = (<uint16_t*>((<char*>_impl_of(t)) + off))[0]
