@@ -16,8 +16,9 @@ shared with other work: set RAY_worker_niceness=15 to see it):
               InferenceSession.run on numpy, 1 intra-op thread: the peer a user hand-writes
   fastapi     one uvicorn process, no Ray: FastAPI calling ortlite.load's model (1 thread),
               the same body codec, no batching
-  noop        a Ray Serve deployment that reads the body and answers a constant: the engine's
-              own ceiling for this request size
+  noop        a Ray Serve deployment that reads the body and answers a constant as large as the
+              model's answer to 4 rows (the mix's mean): the engine's own ceiling for these
+              request and answer sizes
 Requests: mixed batch sizes 1-8 (a fixed sequence), KServe v2 JSON bodies (ResNet: .npy, its
 JSON would be 25 MB at batch 8); BERT and ResNet ask for .npy answers (Accept), their outputs
 being large (BERT 16 tokens: 4,096 floats a row; as JSON 2-18 ms to encode at 1-8 rows here,
@@ -228,15 +229,35 @@ def _noop():
 
     @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=64)
     class Noop:
+        def __init__(self, reply: bytes, media_type: str):
+            self.reply, self.media_type = reply, media_type
+
         async def __call__(self, request):
             await request.body()
-            return Response(b'{"model_name": "noop", "outputs": []}', media_type="application/json")
+            return Response(self.reply, media_type=self.media_type)
 
     return Noop
 
 
-def deploy(kind, path, port):
-    """Start the server kind; (route, stop())."""
+def noop_reply(path, inputs, headers) -> tuple[bytes, str]:
+    """The model's answer to a 4-row request (the batch mix's mean is 3.9), encoded as the
+    servers answer: what the no-op deployment answers every request, so that it moves as many
+    bytes as they do, computing nothing."""
+    import torch
+
+    import ortlite
+    from ortlite.serve.http import JSON, encode, reply_type
+    from ortlite.serve.model import ServedModel
+
+    names = ServedModel.signature(path).output_names
+    with torch.no_grad():
+        outputs = ortlite.load(path)(inputs[4])
+    outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    return encode(names, outputs, reply_type(JSON, headers.get("Accept", "")), "noop")
+
+
+def deploy(kind, path, port, reply=None):
+    """Start the server kind; (route, stop()). reply: the no-op's (bytes, media type)."""
     from ray import serve
 
     import ortlite.serve
@@ -246,7 +267,7 @@ def deploy(kind, path, port):
         _wait_ready(port, "/", process)
         return "/", lambda: (process.terminate(), process.wait())
     if kind == "noop":
-        app = _noop().bind()
+        app = _noop().bind(*reply)
     else:
         options = {"batched": {}, "unbatched": {"max_batch_size": 1}, "batched-2": {"num_replicas": 2}, "ort": {"replica": _peer_classes()}}[kind]
         app = ortlite.serve.app(path, **options)
@@ -371,7 +392,7 @@ def run_bench(args, port):
         try:
             for kind in kinds:
                 fport = free_port() if kind == "fastapi" else port
-                route, stop = deploy(kind, path, fport)
+                route, stop = deploy(kind, path, fport, noop_reply(path, inputs, headers) if kind == "noop" else None)
                 servers[kind] = (fport, route, stop)
                 load(fport, route, bodies, min(n, 16), 4, headers=headers)  # warm-up
             cells = {}

@@ -6,6 +6,7 @@ down by its fixture (and every app deleted)."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import http.client
 import io
@@ -175,6 +176,9 @@ def test_answers_equal_the_direct_call(port, direct):
     for x, (status, body, media) in zip(xs * 4, answers):
         assert status == 200 and media == "application/json", body
         close(outputs(body)["output"], mlp(x))
+    handle = serve.get_app_handle("mlp")
+    stats = [handle.stats.remote().result() for _ in range(8)]  # from either replica
+    assert any(s["calls"] < s["requests"] for s in stats), stats  # some requests shared a call
     status, body, media = request(port, "/mlp", npy(xs[2].numpy()))
     assert status == 200 and media == "application/x-npy"
     close(torch.from_numpy(np.load(io.BytesIO(body))), mlp(xs[2]))
@@ -311,3 +315,30 @@ def test_replica_killed_under_load_is_replaced(port, direct):
             assert answer[0] >= 500 and time.monotonic() < deadline, answer
             time.sleep(0.2)
         close(outputs(answer[1])["output"], mlp(x))
+
+
+def test_batch_loop_stacks_waiting_requests_and_never_hangs(files, direct):
+    """The replica's batch loop, without Ray: requests waiting together are one call (within
+    max_batch_size), each gets its own answer; a request alone runs at once; an error of the
+    loop itself reaches every waiting request, and the next request is served."""
+    replica = ortlite.serve.Replica(files["mlp"], 1, {"max_batch_size": 4, "batch_wait_timeout_s": 0.0, "max_body_bytes": 1 << 16, "name": "mlp"})
+    xs = [torch.randn(1 + i % 3, 16) for i in range(10)]
+
+    async def ask_all(inputs):
+        return await asyncio.gather(*(replica(x) for x in inputs))
+
+    for x, got in zip(xs, asyncio.run(ask_all(xs))):
+        close(got, direct["mlp"](x))
+    assert replica.stats() == {"requests": 10, "calls": 3}  # 4 + 4 + 2
+    close(asyncio.run(ask_all(xs[:1]))[0], direct["mlp"](xs[0]))
+    assert replica.stats() == {"requests": 11, "calls": 4}
+
+    def broken(calls):
+        raise RuntimeError("broken loop")
+
+    replica.served.run_many = broken
+    with pytest.raises(RuntimeError, match="broken loop"):
+        asyncio.run(ask_all(xs[:5]))
+    del replica.served.run_many
+    assert replica.waiting == [] and replica.draining is None
+    close(asyncio.run(ask_all(xs[:2]))[1], direct["mlp"](xs[1]))
