@@ -1,8 +1,11 @@
 """DistributedDataParallel training step: eager DDP, inductor DDP and ortlite DDP (dropout's
 mask drawn by torch, Options.random="torch", and drawn in ONNX Runtime, "onnxruntime"),
 2 processes x 1 thread on gloo (127.0.0.1), plus eager and ortlite in one process alone (no
-DDP, rank 0 while rank 1 waits): what DDP itself costs on this machine, beside what ortlite's
-DDP costs over ortlite alone.
+DDP, rank 0 while rank 1 waits), and both in 2 processes with no DDP (each rank its own
+model at once, no all-reduce), and one all-reduce of as many bytes as the model's gradients:
+what DDP itself costs on this machine, what two processes computing at once cost before any
+communication, and what the communication costs alone, beside what ortlite's DDP costs over
+ortlite alone.
 
     python bench/train_ddp.py [--models mlp,resnet18,gpt2] [--rounds 5] [--steps 4]
 
@@ -30,8 +33,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-VARIANTS = ["eager", "inductor", "ortlite", "ortlite random=onnxruntime", "eager 1 process", "ortlite 1 process"]
+VARIANTS = [
+    "eager", "inductor", "ortlite", "ortlite random=onnxruntime",
+    "eager 1 process", "ortlite 1 process", "eager 2 processes, no DDP", "ortlite 2 processes, no DDP",
+]
 ALONE = ("eager 1 process", "ortlite 1 process")  # (rank 0 alone)
+NO_DDP = ALONE + ("eager 2 processes, no DDP", "ortlite 2 processes, no DDP")  # (each rank its own model, no all-reduce)
 
 
 class MLP(torch.nn.Module):
@@ -122,10 +129,8 @@ class Trainer:
         self.backend = None
         if variant.startswith("ortlite"):
             self.backend = ortlite.Backend({"random": "onnxruntime"} if "onnxruntime" in variant else None)
-        if variant == "ortlite 1 process":
-            self.fn = torch.compile(self.model, backend=self.backend)
-        elif variant == "eager 1 process":
-            self.fn = self.model
+        if variant in NO_DDP:
+            self.fn = torch.compile(self.model, backend=self.backend) if self.backend else self.model
         elif variant == "eager":
             self.fn = torch.nn.parallel.DistributedDataParallel(self.model)
         else:
@@ -173,13 +178,21 @@ def _worker(rank, port, args, out):
                     trainers[variant].steps(args.steps)
                 times[variant].append((time.perf_counter() - start) / args.steps)
                 dist.barrier()
+        gradients = torch.zeros(sum(p.numel() for p in trainers["eager"].model.parameters()))
+        all_reduce = []
+        for _ in range(args.rounds):  # the communication alone: one all-reduce of as many bytes as the gradients
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(gradients)
+            all_reduce.append(time.perf_counter() - start)
         if rank == 0:
             eager = trainers["eager"].losses
             for variant in VARIANTS:
                 t = trainers[variant]
-                difference = max(abs(a - b) / abs(b) for a, b in zip(t.losses, eager)) if variant not in ALONE else None
+                difference = max(abs(a - b) / abs(b) for a, b in zip(t.losses, eager)) if variant not in NO_DDP else None
                 graphs = t.graphs_per_step() if t.backend is not None else (t.dynamo_graphs * 2 if variant == "inductor" else None)
                 rows.append((name, variant, statistics.median(times[variant]), graphs, difference))
+            rows.append((name, "all-reduce of the gradients alone", statistics.median(all_reduce), None, None))
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
@@ -208,6 +221,14 @@ def main():
         graphs = "" if graphs is None else f"{graphs:.0f}"
         difference = "" if difference is None else f"{difference:.1e}"
         print(f"| {name} | {variant} | {seconds * 1e3:.1f} | {seconds / eager[name]:.2f}x | {graphs} | {difference} |")
+    for name in dict.fromkeys(row[0] for row in rows):
+        ms = {variant: seconds for n, variant, seconds, _, _ in rows if n == name}
+        print(
+            f"{name}: ortlite DDP / ortlite 1 process {ms['ortlite'] / ms['ortlite 1 process']:.2f}x, / ortlite 2 processes no DDP "
+            f"{ms['ortlite'] / ms['ortlite 2 processes, no DDP']:.2f}x; eager DDP / eager 1 process {ms['eager'] / ms['eager 1 process']:.2f}x, "
+            f"/ eager 2 processes no DDP {ms['eager'] / ms['eager 2 processes, no DDP']:.2f}x; ortlite DDP - ortlite 2 processes no DDP "
+            f"{(ms['ortlite'] - ms['ortlite 2 processes, no DDP']) * 1e3:.1f} ms, the all-reduce alone {ms['all-reduce of the gradients alone'] * 1e3:.1f} ms"
+        )
 
 
 if __name__ == "__main__":
