@@ -102,7 +102,8 @@ def dynamo_graph_inputs(gm: torch.fx.GraphModule, example_inputs: list, samples:
     modules = {r for r, s in zip(roots, sources) if r is not None and re.match(r"L\['[^']+'\]\._(modules|parameters|buffers)\[", s)}
     names = list(code.co_varnames[: code.co_argcount])
     varargs = code.co_varnames[code.co_argcount + code.co_kwonlyargcount] if code.co_flags & inspect.CO_VARARGS else None
-    positional = names[1:] if names and names[0] in modules else names  # (self: the module whose weights the graph reads)
+    # self: a module's forward, the module whose weights the graph reads (or whose forward reads none of its own)
+    positional = names[1:] if names and (names[0] in modules or names[0] == "self") else names
     per_sample = []
     for index, sample in enumerate(samples):
         args = _arguments(sample)

@@ -354,3 +354,22 @@ def test_explain_lists_the_static_convolutions_and_their_ranges():
     first = compiled._lowered.static_convs[0]
     assert f"[{first.input_range[0]:.4g}, {first.input_range[1]:.4g}]" in text
     assert "QuantizeLinear" in text
+
+
+def test_torch_compile_of_a_module_reading_no_weight_through_self():
+    """A module's forward whose weights are not its own (here a network it calls from outside):
+    its `self` is not the first sample argument."""
+    torch.manual_seed(0)
+    model = _randomize_norms(_ResNet())
+
+    class Outer(torch.nn.Module):
+        def forward(self, x):
+            return model(x)
+
+    samples = [torch.randn(1, 3, 32, 32) for _ in range(4)]
+    backend = ortlite.Backend(dict(quantize="int8", calibration=samples))
+    compiled = torch.compile(Outer(), backend=backend)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), _static(model, samples)(x))
+    assert sum(len(r.static_convs) for r in backend.graph_reports) == 6
