@@ -24,7 +24,10 @@ JSON would be 25 MB at batch 8); BERT and ResNet ask for .npy answers (Accept), 
 being large (BERT 16 tokens: 4,096 floats a row; as JSON 2-18 ms to encode at 1-8 rows here,
 as .npy 0.07 ms). Clients: processes of their own (spawned), each a few threads
 with one keep-alive http.client connection each; a request with no answer in --timeout is
-lost. The client's CPU time is printed beside each row (it shares the 2 cores).
+lost. The client's CPU time is printed beside each row (it shares the 2 cores). For the servers
+of one ortlite.serve replica (batched, unbatched, ort), Replica.stats() before and after each
+cell gives the mean ms a request spent in the replica's handler and its share of model calls:
+what of the client's latency is the replica's, and what is the engine's (the proxy, routing).
 
 --fault N: N requests from 32 clients to 2 batched replicas of the MLP, one replica killed
 (ray.kill) after N/2 answers; every 2xx checked against ortlite.load(path)(x) (rtol 1e-5),
@@ -355,6 +358,24 @@ REPLICA_CPUS = {"batched": 1, "unbatched": 1, "batched-2": 2, "ort": 1, "noop": 
 REQUESTS = {"mlp": 600, "bert16": 150, "bert128": 48, "resnet18": 24}
 
 
+ONE_REPLICA = ("batched", "unbatched", "ort")  # ortlite.serve's Replica, alone: its stats are the server's
+
+
+def replica_stats(kind):
+    """Replica.stats() of the server kind's one replica, or None for the other kinds."""
+    from ray import serve
+
+    return serve.get_app_handle(kind).stats.remote().result() if kind in ONE_REPLICA else None
+
+
+def inside(before, after) -> dict:
+    """Mean ms a request spent in its replica's handler, and in model calls, between two stats."""
+    if before is None:
+        return {"in replica ms": float("nan"), "in calls ms": float("nan")}
+    n = max(after["requests"] - before["requests"], 1)
+    return {"in replica ms": (after["request_s"] - before["request_s"]) / n * 1e3, "in calls ms": (after["call_s"] - before["call_s"]) / n * 1e3}
+
+
 def direct_ms(path, inputs) -> float:
     """ortlite.load(path)'s call, one thread, mean over the batch-size mix (ms a request)."""
     import torch
@@ -380,7 +401,7 @@ def run_bench(args, port):
     """Per model: every server deployed at once (idle ones cost memory, not CPU), then rounds
     in which each (clients, server) cell runs in turn; medians over rounds, counts summed."""
     folder = tempfile.mkdtemp(prefix="ortlite-serve-bench-")
-    header = "| model | server | clients | requests | req/s | p50 ms | p99 ms | 2xx | 4xx | 5xx | lost | client cores |"
+    header = "| model | server | clients | requests | req/s | p50 ms | p99 ms | in replica ms | in calls ms | 2xx | 4xx | 5xx | lost | client cores |"
     kinds, concurrencies = args.servers.split(","), [int(c) for c in args.concurrency.split(",")]
     for model in args.models.split(","):
         path, inputs, media = build(model, folder)
@@ -400,7 +421,9 @@ def run_bench(args, port):
                 for concurrency in concurrencies:
                     for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
                         fport, route, _ = servers[kind]
-                        cells.setdefault((kind, concurrency), []).append(summarize(*load(fport, route, bodies, n, concurrency, args.timeout, headers=headers), n))
+                        before = replica_stats(kind)
+                        cell = summarize(*load(fport, route, bodies, n, concurrency, args.timeout, headers=headers), n)
+                        cells.setdefault((kind, concurrency), []).append(cell | inside(before, replica_stats(kind)))
         finally:
             for _, _, stop in servers.values():
                 stop()
@@ -411,11 +434,12 @@ def run_bench(args, port):
         for concurrency in concurrencies:
             for kind in kinds:
                 runs = cells[(kind, concurrency)]
-                m = {k: statistics.median(run[k] for run in runs) for k in ("req/s", "p50 ms", "p99 ms", "client cores")}
+                m = {k: statistics.median(run[k] for run in runs) for k in ("req/s", "p50 ms", "p99 ms", "in replica ms", "in calls ms", "client cores")}
                 c = {k: sum(run[k] for run in runs) for k in ("2xx", "4xx", "5xx", "lost")}
                 med[(kind, concurrency)] = m
                 print(
                     f"| {model} | {kind} | {concurrency} | {n * len(runs)} | {m['req/s']:.1f} | {m['p50 ms']:.2f} | {m['p99 ms']:.2f} | "
+                    f"{m['in replica ms']:.2f} | {m['in calls ms']:.2f} | "
                     f"{c['2xx']} | {c['4xx']} | {c['5xx']} | {c['lost']} | {m['client cores']:.2f} |",
                     flush=True,
                 )

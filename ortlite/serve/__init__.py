@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import time
 
 try:
     from ray import serve
@@ -97,6 +98,7 @@ class Replica:
         self.waiting: list = []  # (flat arguments, future) of requests not yet in a call
         self.draining = None  # the task that runs the waiting requests' calls, while there are any
         self.requests = self.calls = 0
+        self.call_seconds = self.request_seconds = 0.0
 
     def load(self, path: str) -> ServedModel:
         return ServedModel.load(path)
@@ -104,23 +106,37 @@ class Replica:
     async def __call__(self, *args, **kwargs):
         """HTTP: a starlette Request. A DeploymentHandle: the model's own arguments (tensors),
         answered with its outputs; a bad argument raises ortlite's TypeError or ValueError."""
-        if len(args) == 1 and not kwargs and isinstance(args[0], Request):
-            return await self._http(args[0])
-        answer = await self._run(self.served.flatten(args, kwargs))
-        if isinstance(answer, Exception):
-            raise answer
-        return self.served.unflatten(answer)
+        start = time.perf_counter()
+        try:
+            if len(args) == 1 and not kwargs and isinstance(args[0], Request):
+                return await self._http(args[0])
+            answer = await self._run(self.served.flatten(args, kwargs))
+            if isinstance(answer, Exception):
+                raise answer
+            return self.served.unflatten(answer)
+        finally:
+            self.request_seconds += time.perf_counter() - start
 
     def stats(self) -> dict:
-        """Requests answered and model calls made by this replica (fewer calls: batches)."""
-        return {"requests": self.requests, "calls": self.calls}
+        """This replica's requests and model calls (fewer calls: batches), and the seconds spent
+        in calls and in requests (from the handler's start to its answer: the body, the wait
+        for a call, the call, the answer's encoding); the rest of a client's latency is the
+        engine's (the proxy, Ray's routing)."""
+        return {"requests": self.requests, "calls": self.calls, "call_s": self.call_seconds, "request_s": self.request_seconds}
+
+    def _timed(self, call, argument):  # (on the executor's thread)
+        start = time.perf_counter()
+        try:
+            return call(argument)
+        finally:
+            self.call_seconds += time.perf_counter() - start
 
     async def _run(self, flat: list):
         self.requests += 1
         loop = asyncio.get_running_loop()
         if not self.batched:
             self.calls += 1
-            return await loop.run_in_executor(self.pool, self.served.run_one, flat)
+            return await loop.run_in_executor(self.pool, self._timed, self.served.run_one, flat)
         future = loop.create_future()
         self.waiting.append((flat, future))
         if self.draining is None:
@@ -142,7 +158,7 @@ class Replica:
                 del self.waiting[:most]
                 if batch:
                     self.calls += 1
-                    answers = await loop.run_in_executor(self.pool, self.served.run_many, [flat for flat, _ in batch])
+                    answers = await loop.run_in_executor(self.pool, self._timed, self.served.run_many, [flat for flat, _ in batch])
                     for (_, f), answer in zip(batch, answers):
                         if not f.done():
                             f.set_result(answer)
