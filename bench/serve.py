@@ -1,7 +1,7 @@
 """Serving over HTTP on loopback: a closed-loop load generator against ortlite.serve and its peers.
 
     python bench/serve.py [--models mlp,bert16,bert128,resnet18] [--concurrency 1,8,32] [--requests N]
-        [--rounds 3] [--servers batched,unbatched,batched-2,ort,fastapi,noop] [--fault N]
+        [--rounds 3] [--servers batched,unbatched,batched-2,ort,fastapi,noop,wait] [--fault N]
 
 Servers, on one local Ray, all deployed at once per model (idle ones cost memory, not CPU;
 Ray's CPU count is raised to fit them, the machine's cores are what they share), with the same
@@ -19,6 +19,10 @@ shared with other work: set RAY_worker_niceness=15 to see it):
   noop        a Ray Serve deployment that reads the body and answers a constant as large as the
               model's answer to 4 rows (the mix's mean): the engine's own ceiling for these
               request and answer sizes
+  wait        the no-op, waiting before it answers as long as the direct call takes, in a thread
+              as the replica's calls run (a sleep: no CPU, no cache): the engine's latency for a
+              request that takes as long as the model, with no model; against it, one client's
+              p50 shows what running the model inside the engine costs beyond the call itself
 Requests: mixed batch sizes 1-8 (a fixed sequence), KServe v2 JSON bodies (ResNet: .npy, its
 JSON would be 25 MB at batch 8); BERT and ResNet ask for .npy answers (Accept), their outputs
 being large (BERT 16 tokens: 4,096 floats a row; as JSON 2-18 ms to encode at 1-8 rows here,
@@ -227,19 +231,25 @@ def _peer_classes():
 
 
 def _noop():
+    """(the no-op deployment, the wait deployment)"""
+    import asyncio
+
     from ray import serve
     from starlette.responses import Response
 
-    @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=64)
     class Noop:
-        def __init__(self, reply: bytes, media_type: str):
-            self.reply, self.media_type = reply, media_type
+        def __init__(self, reply: bytes, media_type: str, seconds: float = 0.0):
+            self.reply, self.media_type, self.seconds = reply, media_type, seconds
+            self.pool = concurrent.futures.ThreadPoolExecutor(1)
 
         async def __call__(self, request):
             await request.body()
+            if self.seconds:
+                await asyncio.get_running_loop().run_in_executor(self.pool, time.sleep, self.seconds)
             return Response(self.reply, media_type=self.media_type)
 
-    return Noop
+    deployment = serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=64)
+    return deployment(Noop), deployment(type("Wait", (Noop,), {}))
 
 
 def noop_reply(path, inputs, headers) -> tuple[bytes, str]:
@@ -259,8 +269,9 @@ def noop_reply(path, inputs, headers) -> tuple[bytes, str]:
     return encode(names, outputs, reply_type(JSON, headers.get("Accept", "")), "noop")
 
 
-def deploy(kind, path, port, reply=None):
-    """Start the server kind; (route, stop()). reply: the no-op's (bytes, media type)."""
+def deploy(kind, path, port, reply=None, direct_s=0.0):
+    """Start the server kind; (route, stop()). reply: the no-op's (bytes, media type); direct_s:
+    how long the wait peer waits."""
     from ray import serve
 
     import ortlite.serve
@@ -270,7 +281,9 @@ def deploy(kind, path, port, reply=None):
         _wait_ready(port, "/", process)
         return "/", lambda: (process.terminate(), process.wait())
     if kind == "noop":
-        app = _noop().bind(*reply)
+        app = _noop()[0].bind(*reply)
+    elif kind == "wait":
+        app = _noop()[1].bind(*reply, direct_s)  # (a sleep: no CPU, no cache)
     else:
         options = {"batched": {}, "unbatched": {"max_batch_size": 1}, "batched-2": {"num_replicas": 2}, "ort": {"replica": _peer_classes()}}[kind]
         app = ortlite.serve.app(path, **options)
@@ -354,7 +367,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-REPLICA_CPUS = {"batched": 1, "unbatched": 1, "batched-2": 2, "ort": 1, "noop": 1, "fastapi": 0}
+REPLICA_CPUS = {"batched": 1, "unbatched": 1, "batched-2": 2, "ort": 1, "noop": 1, "wait": 1, "fastapi": 0}
 REQUESTS = {"mlp": 600, "bert16": 150, "bert128": 48, "resnet18": 24}
 
 
@@ -413,7 +426,8 @@ def run_bench(args, port):
         try:
             for kind in kinds:
                 fport = free_port() if kind == "fastapi" else port
-                route, stop = deploy(kind, path, fport, noop_reply(path, inputs, headers) if kind == "noop" else None)
+                reply = noop_reply(path, inputs, headers) if kind in ("noop", "wait") else None
+                route, stop = deploy(kind, path, fport, reply, direct / 1e3)
                 servers[kind] = (fport, route, stop)
                 load(fport, route, bodies, min(n, 16), 4, headers=headers)  # warm-up
             cells = {}
@@ -453,7 +467,8 @@ def checks(model, med, direct, concurrencies):
     print(
         f"{model} at {hi} clients: batched/unbatched {get('batched', hi) / get('unbatched', hi):.2f}x, batched/noop {get('batched', hi) / get('noop', hi):.2f}x, "
         f"batched/ort {get('batched', hi) / get('ort', hi):.2f}x; at {lo}: batched/ort {get('batched', lo) / get('ort', lo):.2f}x, "
-        f"p50 batched {get('batched', lo, 'p50 ms'):.2f} ms against noop + direct + 1 ms = {get('noop', lo, 'p50 ms') + direct + 1:.2f} ms"
+        f"p50 batched {get('batched', lo, 'p50 ms'):.2f} ms against noop + direct + 1 ms = {get('noop', lo, 'p50 ms') + direct + 1:.2f} ms, "
+        f"wait + 1 ms = {get('wait', lo, 'p50 ms') + 1:.2f} ms"
     )
 
 
@@ -522,7 +537,7 @@ def run_fault(args, port):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="mlp,bert16,bert128,resnet18")
-    parser.add_argument("--servers", default="batched,unbatched,batched-2,ort,fastapi,noop")
+    parser.add_argument("--servers", default="batched,unbatched,batched-2,ort,fastapi,noop,wait")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--requests", type=int, default=0, help="per cell and round (default: by model, REQUESTS)")
     parser.add_argument("--rounds", type=int, default=3)
