@@ -11,7 +11,10 @@ ortlite alone.
 
 Per model, every variant trains its own copy of the same weights on the same batches, the
 same seeds per step (dropout's draws for eager, inductor and ortlite's "torch": eager's);
-`DDP(torch.compile(model))`, the default optimize_ddp (DDPOptimizer). Step time: medians over interleaved rounds of `--steps` steps
+`DDP(torch.compile(model))`, the default optimize_ddp (DDPOptimizer); "ortlite one bucket":
+optimize_ddp=False (one forward and one backward graph), bucket_cap_mb=1024 (one all-reduce a
+step), gradient_as_bucket_view=True: the fewest collectives and copies DDP allows, the layout
+for a machine where communication cannot overlap the backward anyway. Step time: medians over interleaved rounds of `--steps` steps
 each (forward, backward with its all-reduce, SGD step), rank 0's clock; the first round of
 each variant (compiles) is not timed. Graphs/step: ONNX Runtime session runs per step for
 ortlite, Dynamo graphs for inductor. Loss difference: the largest relative difference of a
@@ -34,7 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 VARIANTS = [
-    "eager", "inductor", "ortlite", "ortlite random=onnxruntime",
+    "eager", "inductor", "ortlite", "ortlite random=onnxruntime", "ortlite one bucket",
     "eager 1 process", "ortlite 1 process", "eager 2 processes, no DDP", "ortlite 2 processes, no DDP",
 ]
 ALONE = ("eager 1 process", "ortlite 1 process")  # (rank 0 alone)
@@ -133,11 +136,17 @@ class Trainer:
             self.fn = torch.compile(self.model, backend=self.backend) if self.backend else self.model
         elif variant == "eager":
             self.fn = torch.nn.parallel.DistributedDataParallel(self.model)
+        elif variant == "ortlite one bucket":  # one graph each way, one all-reduce a step, no copies into buckets
+            self.fn = torch.nn.parallel.DistributedDataParallel(torch.compile(self.model, backend=self.backend), bucket_cap_mb=1024, gradient_as_bucket_view=True)
         else:
             self.fn = torch.nn.parallel.DistributedDataParallel(torch.compile(self.model, backend=self.backend or "inductor"))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
 
     def steps(self, n):
+        with torch._dynamo.config.patch(optimize_ddp=self.variant != "ortlite one bucket"):
+            self._steps(n)
+
+    def _steps(self, n):
         for _ in range(n):
             x, y = self.batch_of(torch.Generator().manual_seed(1000 * self.step_index + self.rank))
             torch.manual_seed(self.step_index)
@@ -224,7 +233,8 @@ def main():
     for name in dict.fromkeys(row[0] for row in rows):
         ms = {variant: seconds for n, variant, seconds, _, _ in rows if n == name}
         print(
-            f"{name}: ortlite DDP / ortlite 1 process {ms['ortlite'] / ms['ortlite 1 process']:.2f}x, / ortlite 2 processes no DDP "
+            f"{name}: ortlite DDP / ortlite 1 process {ms['ortlite'] / ms['ortlite 1 process']:.2f}x (one bucket "
+            f"{ms['ortlite one bucket'] / ms['ortlite 1 process']:.2f}x), / ortlite 2 processes no DDP "
             f"{ms['ortlite'] / ms['ortlite 2 processes, no DDP']:.2f}x; eager DDP / eager 1 process {ms['eager'] / ms['eager 1 process']:.2f}x, "
             f"/ eager 2 processes no DDP {ms['eager'] / ms['eager 2 processes, no DDP']:.2f}x; ortlite DDP - ortlite 2 processes no DDP "
             f"{(ms['ortlite'] - ms['ortlite 2 processes, no DDP']) * 1e3:.1f} ms, the all-reduce alone {ms['all-reduce of the gradients alone'] * 1e3:.1f} ms"
