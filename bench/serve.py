@@ -240,7 +240,7 @@ def _noop():
     class Noop:
         def __init__(self, reply: bytes, media_type: str, seconds: float = 0.0):
             self.reply, self.media_type, self.seconds = reply, media_type, seconds
-            self.pool = concurrent.futures.ThreadPoolExecutor(1)
+            self.pool = concurrent.futures.ThreadPoolExecutor(1) if seconds else None  # the wait peer's
 
         async def __call__(self, request):
             await request.body()
