@@ -231,7 +231,7 @@ def _peer_classes():
 
 
 def _noop():
-    """(the no-op deployment, the wait deployment)"""
+    """The no-op deployment; bound with seconds > 0, the wait peer."""
     import asyncio
 
     from ray import serve
@@ -248,8 +248,7 @@ def _noop():
                 await asyncio.get_running_loop().run_in_executor(self.pool, time.sleep, self.seconds)
             return Response(self.reply, media_type=self.media_type)
 
-    deployment = serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=64)
-    return deployment(Noop), deployment(type("Wait", (Noop,), {}))
+    return serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=64)(Noop)
 
 
 def noop_reply(path, inputs, headers) -> tuple[bytes, str]:
@@ -280,10 +279,8 @@ def deploy(kind, path, port, reply=None, direct_s=0.0):
         process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--fastapi-server", path, str(port)])
         _wait_ready(port, "/", process)
         return "/", lambda: (process.terminate(), process.wait())
-    if kind == "noop":
-        app = _noop()[0].bind(*reply)
-    elif kind == "wait":
-        app = _noop()[1].bind(*reply, direct_s)  # (a sleep: no CPU, no cache)
+    if kind in ("noop", "wait"):
+        app = _noop().bind(*reply, direct_s if kind == "wait" else 0.0)
     else:
         options = {"batched": {}, "unbatched": {"max_batch_size": 1}, "batched-2": {"num_replicas": 2}, "ort": {"replica": _peer_classes()}}[kind]
         app = ortlite.serve.app(path, **options)
@@ -422,11 +419,11 @@ def run_bench(args, port):
         n = args.requests or REQUESTS[model]
         headers = {} if model == "mlp" else {"Accept": "application/x-npy"}  # hidden states, logits: large answers
         direct = direct_ms(path, inputs)
+        reply = noop_reply(path, inputs, headers) if {"noop", "wait"} & set(kinds) else None
         servers = {}
         try:
             for kind in kinds:
                 fport = free_port() if kind == "fastapi" else port
-                reply = noop_reply(path, inputs, headers) if kind in ("noop", "wait") else None
                 route, stop = deploy(kind, path, fport, reply, direct / 1e3)
                 servers[kind] = (fport, route, stop)
                 load(fport, route, bodies, min(n, 16), 4, headers=headers)  # warm-up
