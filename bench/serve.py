@@ -258,14 +258,15 @@ def noop_reply(path, inputs, headers) -> tuple[bytes, str]:
     import torch
 
     import ortlite
-    from ortlite.serve.http import JSON, encode, reply_type
+    from ortlite.serve.http import JSON, Inference, encode
     from ortlite.serve.model import ServedModel
 
     names = ServedModel.signature(path).output_names
     with torch.no_grad():
         outputs = ortlite.load(path)(inputs[4])
     outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-    return encode(names, outputs, reply_type(JSON, headers.get("Accept", "")), "noop")
+    body, media_type, _ = encode(names, outputs, Inference([], JSON), "noop", headers.get("Accept", ""))
+    return body, media_type
 
 
 def deploy(kind, path, port, reply=None, direct_s=0.0):
@@ -310,7 +311,7 @@ def fastapi_server(path, port):
     from fastapi.responses import Response
     from starlette.concurrency import run_in_threadpool
 
-    from ortlite.serve.http import BadRequest, decode, encode, error_body, reply_type
+    from ortlite.serve.http import HEADER_LENGTH, BadRequest, decode, encode, error_body
     from ortlite.serve.model import ServedModel
 
     torch.set_num_threads(1)
@@ -328,14 +329,14 @@ def fastapi_server(path, port):
 
     async def infer(request):
         try:
-            flat, media = decode(await request.body(), served.input_names, 64 << 20)
+            inference = decode(await request.body(), served.input_names, 64 << 20, request.headers.get(HEADER_LENGTH), served.output_names)
         except BadRequest as e:
             return Response(error_body(str(e)), status_code=e.status, media_type="application/json")
-        answer = await run_in_threadpool(run, flat)
+        answer = await run_in_threadpool(run, inference.flat)
         if isinstance(answer, Exception):
             return Response(error_body(str(answer)), status_code=400 if isinstance(answer, (TypeError, ValueError)) else 500, media_type="application/json")
-        body, media = encode(served.output_names, answer, reply_type(media, request.headers.get("accept", "")), "fastapi")
-        return Response(body, media_type=media)
+        body, media, headers = encode(served.output_names, answer, inference, "fastapi", request.headers.get("accept", ""))
+        return Response(body, media_type=media, headers=headers)
 
     infer.__annotations__["request"] = Request  # (this module's annotations are strings)
     app.post("/")(infer)

@@ -345,3 +345,261 @@ def test_batch_loop_stacks_waiting_requests_and_never_hangs(files, direct):
     del replica.served.run_many
     assert replica.waiting == [] and replica.draining is None
     close(asyncio.run(ask_all(xs[:2]))[1], direct["mlp"](xs[1]))
+
+
+# ---------------------------------------------------------------- KServe v2 / Open Inference Protocol
+# The codec without Ray first (fast), then the module's server with NVIDIA's tritonclient as the client.
+
+
+def _triton_body(inputs, outputs=None, request_id="", parameters=None):
+    """(body, Inference-Header-Content-Length or None) as tritonclient.http sends them."""
+    from tritonclient.http._utils import _get_inference_request
+
+    return _get_inference_request(inputs, request_id, outputs, 0, False, False, 0, None, parameters)
+
+
+def _triton_input(name, array, binary=True, datatype=None):
+    import tritonclient.http as triton
+    from tritonclient.utils import np_to_triton_dtype
+
+    entry = triton.InferInput(name, list(array.shape), datatype or np_to_triton_dtype(array.dtype))
+    entry.set_data_from_numpy(array, binary_data=binary)
+    return entry
+
+
+def _codec_arrays():
+    """An array of each KServe datatype (BF16 with values it holds exactly), BYTES included."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    arrays = {d: rng.integers(0, 100, (2, 3)).astype(ortlite.serve.http.NUMPY[d]) for d in ortlite.serve.http.DATATYPES if d not in ("BOOL", "BF16")}
+    arrays["BOOL"] = np.array([[True, False, True], [False, False, True]])
+    arrays["BF16"] = np.array([[0.5, -2.0, 3.0], [1.25, 0.0, -0.75]], dtype=ml_dtypes.bfloat16)
+    arrays["BYTES"] = np.array([[b"", b"a\x00b", "é".encode()], [b"x" * 300, b"\xff", b"ok"]], dtype=object)
+    return arrays
+
+
+def _as_numpy(value):
+    if isinstance(value, np.ndarray):
+        return value
+    return value.view(torch.int16).numpy() if value.dtype == torch.bfloat16 else value.numpy()
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_kserve_codec_round_trips_every_datatype(binary):
+    """tritonclient's own request bodies decode to the tensors it was given, and the answers
+    encode to what its InferResult reads back (binary or JSON), each datatype; no Ray."""
+    pytest.importorskip("tritonclient.http")
+    import ml_dtypes
+    import tritonclient.http as triton
+
+    from ortlite.serve.http import decode, encode
+
+    arrays = _codec_arrays()
+    if not binary:
+        del arrays["BF16"]  # tritonclient sends BF16 in binary only, and BYTES in JSON as UTF-8
+        arrays["BYTES"][1, 1] = b"z"
+    names = list(arrays)
+    inputs = [_triton_input(n, a, binary) for n, a in arrays.items()]
+    body, header = _triton_body(inputs, request_id="r1")
+    assert (header is not None) == binary
+    inference = decode(bytearray(body), names, 1 << 20, None if header is None else str(header), names)
+    assert inference.id == "r1" and inference.outputs is None and inference.binary is True  # tritonclient's default: binary_data_output
+    asked = [triton.InferRequestedOutput(n, binary_data=binary) for n in reversed(names)]
+    body, header = _triton_body(inputs, asked, request_id="r1")
+    inference = decode(bytearray(body), names, 1 << 20, None if header is None else str(header), names)
+    assert inference.outputs == [(n, binary) for n in reversed(names)]
+    for name, value in zip(names, inference.flat):
+        expected = arrays[name]
+        if name == "BYTES":
+            assert value.shape == expected.shape and value.tolist() == expected.tolist()
+        else:
+            assert value.dtype == ortlite.serve.http.DATATYPES[name] and tuple(value.shape) == expected.shape, name
+            np.testing.assert_array_equal(_as_numpy(value), expected.view(np.int16) if name == "BF16" else expected)
+    content, media, headers = encode(names, inference.flat, inference, "codec", version="1")
+    assert media == ("application/octet-stream" if binary else "application/json")
+    length = headers.get("Inference-Header-Content-Length")
+    result = triton.InferResult.from_response_body(content, header_length=None if length is None else int(length))
+    answer = result.get_response()
+    assert answer["id"] == "r1" and answer["model_name"] == "codec" and [o["name"] for o in answer["outputs"]] == names[::-1]
+    for name in names:
+        got = result.as_numpy(name)
+        expected = arrays[name]
+        if name == "BF16":
+            got, expected = got.astype(ml_dtypes.bfloat16).view(np.int16), expected.view(np.int16)
+        if name == "BYTES" and not binary:  # tritonclient reads BYTES in JSON as str
+            expected = np.vectorize(bytes.decode, otypes=[object])(expected)
+        assert got.shape == expected.shape and got.tolist() == expected.tolist(), name
+
+
+def test_kserve_codec_reads_binary_tensors_in_place():
+    """Aligned tensors of a writable body are read in place (no copy of a large input); after
+    a JSON header of odd length, copied to aligned memory; a read-only body, copied."""
+    from ortlite.serve.http import decode
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for pad in range(4):
+        header = json.dumps({"inputs": [{"name": "x", "shape": [3, 4], "datatype": "FP32", "parameters": {"binary_data_size": 48}}]}).encode() + b" " * pad
+        body = bytearray(header + x.tobytes())
+        (got,) = decode(body, ["x"], 1 << 20, str(len(header))).flat
+        np.testing.assert_array_equal(got.numpy(), x)
+        assert got.data_ptr() % 4 == 0
+        start = np.frombuffer(body, np.uint8).ctypes.data
+        assert (got.data_ptr() == start + len(header)) == ((start + len(header)) % 4 == 0)
+        (again,) = decode(bytes(body), ["x"], 1 << 20, str(len(header))).flat
+        np.testing.assert_array_equal(again.numpy(), x)
+
+
+def _binary_request(inputs, tail: bytes, **request) -> tuple[bytes, str]:
+    header = json.dumps({"inputs": inputs, **request}).encode()
+    return header + tail, str(len(header))
+
+
+F32 = {"name": "input", "shape": [1, 2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}
+BAD_KSERVE = [
+    ("header length not a number", b'{"inputs": []}', "x", "header must be the JSON header's length in bytes, 1 to the body's 14; got 'x'"),
+    ("header length past the body", b'{"inputs": []}', "15", "1 to the body's 14; got '15'"),
+    ("header not JSON", b"\x00" * 8, "4", "first 4 bytes (Inference-Header-Content-Length) are not a JSON inference request"),
+    ("binary without the header", _binary_request([F32], bytes(8))[0], None, "the Inference-Header-Content-Length header must give the JSON's length"),
+    ("binary size against shape", *_binary_request([dict(F32, shape=[1, 3])], bytes(8)), "shape [1, 3] of FP32 is 12 bytes, but its binary_data_size is 8"),
+    ("binary size past the body", *_binary_request([F32], bytes(4)), "binary_data_size 8 at byte 0 runs past the 4 bytes after the JSON header"),
+    ("bytes left over", *_binary_request([F32], bytes(12)), "12 bytes after the JSON header, but the inputs' binary_data_size add up to 8"),
+    ("binary size not a number", *_binary_request([dict(F32, parameters={"binary_data_size": "8"})], bytes(8)), "binary_data_size must be a number of bytes"),
+    ("both data and binary", *_binary_request([dict(F32, data=[1, 2])], bytes(8)), "has both data and a binary_data_size parameter"),
+    ("binary size with no binary part", json.dumps({"inputs": [F32]}).encode(), None, "has a binary_data_size, but the request has no binary part"),
+    ("neither data nor binary", json.dumps({"inputs": [{"name": "input", "shape": [1], "datatype": "FP32"}]}).encode(), None, "has neither data nor a binary_data_size"),
+    ("BOOL byte not 0 or 1", *_binary_request([dict(F32, datatype="BOOL", parameters={"binary_data_size": 2})], b"\x01\x02"), "BOOL bytes must be 0 or 1"),
+    ("BYTES cut prefix", *_binary_request([dict(F32, shape=[1], datatype="BYTES", parameters={"binary_data_size": 2})], b"\x01\x00"), "BYTES element 0 has a cut length prefix"),
+    ("BYTES element too long", *_binary_request([dict(F32, shape=[1], datatype="BYTES", parameters={"binary_data_size": 5})], b"\x09\x00\x00\x00a"), "BYTES element 0 of 9 bytes runs past"),
+    ("BYTES count against shape", *_binary_request([dict(F32, shape=[2], datatype="BYTES", parameters={"binary_data_size": 5})], b"\x01\x00\x00\x00a"), "shape [2] holds 2 BYTES elements, the binary data has 1"),
+    ("BYTES in JSON not strings", json.dumps({"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES", "data": [1]}]}).encode(), None, "BYTES data in JSON must be strings"),
+    ("id not a string", kserve_json := json.dumps({"id": 7, "inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]}).encode(), None, "the request's id must be a string, got 7"),
+    ("unknown output", json.dumps({"inputs": [], "outputs": [{"name": "logits"}]}).encode(), None, "the model has no output named 'logits'; its outputs are ['output']"),
+    ("output asked twice", json.dumps({"inputs": [], "outputs": [{"name": "output"}, {"name": "output"}]}).encode(), None, "output 'output' is asked for twice"),
+    ("outputs not a list", json.dumps({"inputs": [], "outputs": "output"}).encode(), None, "the request's outputs must be a list"),
+    ("binary_data not a bool", json.dumps({"inputs": [], "outputs": [{"name": "output", "parameters": {"binary_data": "yes"}}]}).encode(), None, "output 'output': binary_data must be true or false"),
+    ("binary_data_output not a bool", json.dumps({"inputs": [], "parameters": {"binary_data_output": 1}}).encode(), None, "binary_data_output must be true or false, got 1"),
+    ("classification", json.dumps({"inputs": [], "outputs": [{"name": "output", "parameters": {"classification": 3}}]}).encode(), None, "the classification extension is not supported"),
+    ("shared memory", json.dumps({"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "parameters": {"shared_memory_region": "r"}}]}).encode(), None, "shared memory (shared_memory_region) is not supported"),
+    ("parameters not an object", json.dumps({"inputs": [], "parameters": [1]}).encode(), None, "the request: parameters must be an object"),
+]
+
+
+@pytest.mark.parametrize("what, body, header, says", BAD_KSERVE, ids=[b[0] for b in BAD_KSERVE])
+def test_kserve_codec_names_what_is_wrong(what, body, header, says):
+    from ortlite.serve.http import BadRequest, decode
+
+    with pytest.raises(BadRequest) as e:
+        decode(bytearray(body), ["input"], 1 << 20, header, ["output"])
+    assert e.value.status == 400 and says in str(e.value), str(e.value)
+
+
+def test_kserve_codec_inflates_within_the_limit():
+    import gzip
+    import zlib as zlib_
+
+    from ortlite.serve.http import BadRequest, inflate
+
+    body = kserve(input=torch.randn(2, 16))
+    assert inflate(gzip.compress(body), "gzip", 1 << 16) == body and inflate(zlib_.compress(body), "deflate", 1 << 16) == body
+    with pytest.raises(BadRequest) as e:
+        inflate(gzip.compress(bytes(1 << 20)), "gzip", 1 << 16)  # 1 MB of zeros in 1 kB
+    assert e.value.status == 413 and "unpacks to more than this server's limit of 65536" in str(e.value)
+    for broken, says in [(b"hello", "not gzip data"), (gzip.compress(body)[:-20], "cut short")]:
+        with pytest.raises(BadRequest, match=says):
+            inflate(broken, "gzip", 1 << 16)
+
+
+def test_kserve_paths_health_metadata_and_errors(port):
+    """KServe v2's paths under each app's prefix; an unknown model, version or path is a 404 with
+    KServe's error body, a method the path does not take a 405."""
+
+    def get(route, method="GET", body=b""):
+        status, text, media = request(port, route, body, method=method)
+        return status, json.loads(text), media
+
+    assert get("/mlp/v2/health/live")[:2] == (200, {"live": True})
+    assert get("/mlp/v2/health/ready")[:2] == (200, {"ready": True})
+    status, server, _ = get("/mlp/v2")
+    assert status == 200 and server["name"] == "ortlite" and server["version"] == ortlite.__version__ and "binary_tensor_data" in server["extensions"]
+    assert get("/mlp/v2/")[1] == server
+    status, meta, _ = get("/pair/v2/models/pair")
+    assert status == 200 and meta["name"] == "pair" and meta["versions"] == ["1"]
+    assert meta["outputs"] == [{"name": "sum", "datatype": "FP32", "shape": [-1, 6]}, {"name": "norm", "datatype": "FP32", "shape": [-1]}]
+    assert get("/pair/v2/models/pair/versions/1")[1] == meta == get("/pair")[1]
+    assert get("/lookup/v2/models/lookup")[1]["inputs"] == [{"name": "ids", "datatype": "INT64", "shape": [2, 3]}]
+    assert get("/pair/v2/models/pair/ready")[:2] == (200, {"name": "pair", "ready": True})
+    assert get("/pair/v2/models/pair/versions/1/ready")[0] == 200
+    x = torch.randn(2, 16)
+    assert request(port, "/mlp/v2/models/mlp/versions/1/infer", kserve(input=x))[0] == 200
+    missing = [
+        ("/mlp/v2/models/nosuchmodel/infer", "POST", "unknown model 'nosuchmodel': this server serves 'mlp'"),
+        ("/mlp/v2/models/nosuchmodel", "GET", "unknown model 'nosuchmodel'"),
+        ("/mlp/v2/models/nosuchmodel/ready", "GET", "unknown model 'nosuchmodel'"),
+        ("/mlp/v2/models/mlp/versions/2/infer", "POST", "model 'mlp' has no version '2': its one version is '1'"),
+        ("/mlp/v2/models/mlp/versions/2", "GET", "has no version '2'"),
+        ("/mlp/v2/models/mlp/predict", "POST", "no such path '/v2/models/mlp/predict'"),
+        ("/mlp/v1/models/mlp", "GET", "no such path '/v1/models/mlp'"),
+        ("/mlp/v2/health", "GET", "no such path"),
+    ]
+    for route, method, says in missing:
+        status, error, media = get(route, method, kserve(input=x) if method == "POST" else b"")
+        assert (status, media) == (404, "application/json") and says in error["error"], (route, status, error)
+    for route, method, allowed in [("/mlp/v2/models/mlp/infer", "GET", "POST"), ("/mlp/v2/health/live", "POST", "GET"), ("/mlp/v2", "PUT", "GET")]:
+        status, error, _ = get(route, method)
+        assert status == 405 and error["error"].endswith(f"this path takes {allowed}"), (route, error)
+
+
+def test_tritonclient_http_binary_and_json(port, direct):
+    """NVIDIA's tritonclient.http, with its defaults (binary tensors both ways) and in JSON,
+    against the module's server: answers equal the direct call; health, readiness, metadata and
+    an unknown model as KServe says."""
+    triton = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    pair, mlp = direct["pair"], direct["mlp"]
+    x, y = torch.randn(3, 6), torch.randn(3, 6)
+    expected = pair(x, y)
+    with triton.InferenceServerClient(f"127.0.0.1:{port}/pair") as client:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("pair")
+        assert client.is_model_ready("pair", "1") and not client.is_model_ready("nosuchmodel") and not client.is_model_ready("pair", "2")
+        assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+        assert [i["name"] for i in client.get_model_metadata("pair")["inputs"]] == ["x", "y"]
+        with pytest.raises(InferenceServerException) as e:
+            client.get_model_metadata("nosuchmodel")
+        assert e.value.status() == "404" and "unknown model 'nosuchmodel'" in e.value.message()
+        for binary in (True, False):
+            inputs = [_triton_input("x", x.numpy(), binary), _triton_input("y", y.numpy(), binary)]
+            result = client.infer("pair", inputs) if binary else client.infer("pair", inputs, outputs=[triton.InferRequestedOutput(n, binary_data=False) for n in ("sum", "norm")])
+            close(torch.tensor(result.as_numpy("sum")), expected["sum"])
+            close(torch.tensor(result.as_numpy("norm")), expected["norm"])
+            outputs = result.get_response()["outputs"]
+            assert [("parameters" in o, "data" in o) for o in outputs] == [(binary, not binary)] * 2, outputs
+            # one output asked for, in the other form than the inputs, and an id
+            result = client.infer("pair", inputs, "1", outputs=[triton.InferRequestedOutput("norm", binary_data=not binary)], request_id=f"q{binary}")
+            answer = result.get_response()
+            assert answer["id"] == f"q{binary}" and answer["model_version"] == "1" and [o["name"] for o in answer["outputs"]] == ["norm"]
+            assert result.as_numpy("sum") is None
+            close(torch.tensor(result.as_numpy("norm")), expected["norm"])
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("nosuchmodel", inputs)
+        assert e.value.status() == "404" and "unknown model 'nosuchmodel'" in e.value.message()
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("pair", inputs, outputs=[triton.InferRequestedOutput("logits")])
+        assert e.value.status() == "400" and "no output named 'logits'; its outputs are ['sum', 'norm']" in e.value.message()
+    with triton.InferenceServerClient(f"127.0.0.1:{port}/mlp") as client:
+        for n, compression in [(1, None), (5, "gzip"), (8, "deflate")]:
+            x = torch.randn(n, 16)
+            result = client.infer("mlp", [_triton_input("input", x.numpy())], request_compression_algorithm=compression)
+            close(torch.tensor(result.as_numpy("output")), mlp(x))
+        with pytest.raises(InferenceServerException) as e:  # ortlite's own check of the argument
+            client.infer("mlp", [_triton_input("input", np.zeros((2, 16), np.float64))])
+        assert e.value.status() == "400" and "expected a torch.float32 tensor of shape (?, 16) on cpu, got a torch.float64" in e.value.message()
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("mlp", [_triton_input("input", np.array([b"text"], dtype=object))])
+        assert e.value.status() == "400" and "input 'input' is BYTES, but the model takes a FP32 tensor" in e.value.message()
+
+
+def test_unsupported_content_encoding_is_a_415(port):
+    status, body, _ = request(port, "/mlp/v2/models/mlp/infer", kserve(input=torch.randn(1, 16)), headers={"Content-Encoding": "br"})
+    assert status == 415 and "Content-Encoding 'br' is not supported" in json.loads(body)["error"]

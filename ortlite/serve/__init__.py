@@ -7,9 +7,9 @@
 
 Each replica loads the file once, with as many intra-op threads as its num_cpus, and runs one
 call at a time. Requests that differ only in the model's dynamic batch dimension are stacked
-into one call (ServedModel.run_many). HTTP: a KServe v2 JSON request, or a .npy/.npz body
-(ortlite.serve.http); Python callers pass torch tensors to handle.remote and get the model's
-outputs back. See docs/serving.md. `import ortlite` never imports this package (nor Ray).
+into one call (ServedModel.run_many). HTTP: KServe v2's paths (health, metadata, inference; a
+request in JSON or with Triton's binary tensors), or a .npy/.npz body (ortlite.serve.http);
+Python callers pass torch tensors to handle.remote and get the model's outputs back. See docs/serving.md. `import ortlite` never imports this package (nor Ray).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ except ImportError as e:  # pragma: no cover (the serve extra is installed where
 
 import torch
 
-from .http import DATATYPE_OF, JSON, BadRequest, decode, encode, error_body, reply_type
+from .http import DATATYPE_OF, EXTENSIONS, HEADER_LENGTH, JSON, BadRequest, decode, encode, error_body, inflate
 from .model import ServedModel
 
 log = logging.getLogger("ortlite")
@@ -44,6 +44,8 @@ MAX_BATCH_SIZE = 16
 BATCH_WAIT_TIMEOUT_S = 0.0
 MAX_ONGOING_REQUESTS = 64
 MAX_BODY_BYTES = 64 << 20
+VERSION = "1"  # a served file is its model's one version (KServe's /versions/{v} paths)
+_INFER = object()  # the route's answer is an inference
 
 
 def app(
@@ -99,6 +101,11 @@ class Replica:
         self.draining = None  # the task that runs the waiting requests' calls, while there are any
         self.requests = self.calls = 0
         self.call_seconds = self.request_seconds = 0.0
+        served = self.served
+        scalars = {"int": torch.int64, "float": torch.float64, "bool": torch.bool}  # Python numbers: 0-d
+        self.input_types = [_datatype(s.dtype or scalars.get(s.kind), s.shape, served.io_dtype) for s in served.inputs]
+        self.output_types = [_datatype(d, s) for d, s in served.output_specs]
+        self.routes = self._routes()
 
     def load(self, path: str) -> ServedModel:
         return ServedModel.load(path)
@@ -175,11 +182,27 @@ class Replica:
             self.draining = None
 
     async def _http(self, request: Request) -> Response:
-        served, limit = self.served, self.config["max_body_bytes"]
-        if request.method == "GET":
-            return Response(self.metadata(), media_type=JSON)
+        """KServe v2's paths under the app's route prefix (and its root: POST infers, GET gives
+        the model's metadata); any other path, model name or version is a 404, a method a path
+        does not take a 405."""
+        path, root = request.url.path, request.scope.get("root_path", "")
+        path = path[len(root) :] if root and path.startswith(root) else path
+        path = path[:-1] if path.endswith("/") else path
+        route = self.routes.get(path)
+        if route is None:
+            return _error(self._not_found(path), 404)
+        answer = route.get(request.method)
+        if answer is None:
+            allowed = ", ".join(route)
+            return _error(f"{request.method} {path or '/'}: this path takes {allowed}", 405, {"Allow": allowed})
+        if answer is not _INFER:
+            return Response(answer, media_type=JSON)
+        return await self._infer(request)
+
+    async def _infer(self, request: Request) -> Response:
+        served, limit, headers = self.served, self.config["max_body_bytes"], request.headers
         try:
-            declared = int(request.headers.get("content-length") or 0)
+            declared = int(headers.get("content-length") or 0)
         except ValueError:
             declared = 0
         if declared > limit:
@@ -189,36 +212,73 @@ class Replica:
             body += chunk
             if len(body) > limit:
                 return _error(f"the body is over this server's limit of {limit} bytes (max_body_bytes)", 413)
+        encoding = headers.get("content-encoding", "identity").strip().lower()
         try:
-            flat, media_type = decode(bytes(body), served.input_names, limit)
+            if encoding in ("gzip", "deflate"):
+                body = inflate(body, encoding, limit)
+            elif encoding != "identity":
+                return _error(f"Content-Encoding {encoding!r} is not supported: send gzip, deflate or none", 415)
+            inference = decode(body, served.input_names, limit, headers.get(HEADER_LENGTH), served.output_names)
         except BadRequest as e:
             return _error(str(e), e.status)
-        answer = await self._run(flat)
+        for name, value, (datatype, _) in zip(served.input_names, inference.flat, self.input_types):
+            if not isinstance(value, torch.Tensor):  # BYTES
+                return _error(f"input {name!r} is BYTES, but the model takes a {datatype} tensor there (no ortlite model takes strings)", 400)
+        answer = await self._run(inference.flat)
         if isinstance(answer, (TypeError, ValueError)):  # ortlite's checks of the arguments
             return _error(str(answer), 400)
         if isinstance(answer, Exception):
             return _error(f"{type(answer).__name__}: {answer}", 500)
-        media_type = reply_type(media_type, request.headers.get("accept", ""))
         try:
-            content, media_type = encode(served.output_names, answer, media_type, self.config["name"])
+            content, media_type, extra = encode(served.output_names, answer, inference, self.config["name"], headers.get("accept", ""), VERSION)
         except TypeError as e:
             return _error(str(e), 500)
-        return Response(content, media_type=media_type)
+        return Response(content, media_type=media_type, headers=extra)
+
+    def _not_found(self, path: str) -> str:
+        name, parts = self.config["name"], path.split("/")
+        if parts[1:3] == ["v2", "models"] and len(parts) > 3:
+            if parts[3] != name:
+                return f"unknown model {parts[3]!r}: this server serves {name!r}"
+            if len(parts) > 5 and parts[4] == "versions" and parts[5] != VERSION:
+                return f"model {name!r} has no version {parts[5]!r}: its one version is {VERSION!r}"
+        return f"no such path {path!r}: this server answers KServe v2's /v2, /v2/health/live, /v2/health/ready and /v2/models/{name}[/versions/{VERSION}][/ready|/infer]"
+
+    def _routes(self) -> dict:
+        """path under the route prefix -> {method: the answer's body, or _INFER}."""
+        import ortlite
+
+        name, metadata = self.config["name"], self.metadata()
+        server = json.dumps({"name": "ortlite", "version": ortlite.__version__, "extensions": EXTENSIONS}).encode()
+        ready = json.dumps({"name": name, "ready": True}).encode()
+        routes = {
+            "": {"POST": _INFER, "GET": metadata},  # ortlite's own: the app's one model at its root
+            "/v2": {"GET": server},
+            "/v2/health/live": {"GET": b'{"live": true}'},
+            "/v2/health/ready": {"GET": b'{"ready": true}'},
+        }
+        for model in (f"/v2/models/{name}", f"/v2/models/{name}/versions/{VERSION}"):
+            routes.update({model: {"GET": metadata}, f"{model}/ready": {"GET": ready}, f"{model}/infer": {"POST": _INFER}})
+        return routes
 
     def metadata(self) -> bytes:
-        """KServe v2 model metadata: inputs with datatype and shape (-1: a dynamic size)."""
-        served = self.served
-        inputs = [
-            {"name": n, "datatype": DATATYPE_OF.get(served.io_dtype if served.io_dtype and s.dtype == torch.float32 else s.dtype, str(s.dtype)),
-             "shape": [d if isinstance(d, int) else -1 for d in s.shape]}
-            for n, s in zip(served.input_names, served.inputs)
-        ]
-        outputs = [{"name": n} for n in served.output_names]
-        return json.dumps({"name": self.config["name"], "platform": "ortlite", "inputs": inputs, "outputs": outputs, "batched": self.batched}).encode()
+        """KServe v2 model metadata: inputs and outputs with datatype and shape (-1: a dynamic size)."""
+        outputs = [{"name": n, "datatype": d, "shape": s} if d else {"name": n} for n, (d, s) in zip(self.served.output_names, self.output_types)]
+        inputs = [{"name": n, "datatype": d, "shape": s} for n, (d, s) in zip(self.served.input_names, self.input_types)]
+        return json.dumps(
+            {"name": self.config["name"], "versions": [VERSION], "platform": "ortlite", "inputs": inputs, "outputs": outputs, "batched": self.batched}
+        ).encode()
 
 
-def _error(message: str, status: int) -> Response:
-    return Response(error_body(message), status_code=status, media_type=JSON)
+def _error(message: str, status: int, headers: dict | None = None) -> Response:
+    return Response(error_body(message), status_code=status, media_type=JSON, headers=headers)
+
+
+def _datatype(dtype, shape, io_dtype=None) -> tuple:
+    """(KServe datatype, shape with -1 for a dynamic size) of a model's argument or output."""
+    if dtype == torch.float32 and io_dtype is not None:
+        dtype = io_dtype
+    return DATATYPE_OF.get(dtype, str(dtype) if dtype is not None else None), [d if isinstance(d, int) else -1 for d in shape]
 
 
 __all__ = ["Replica", "ServedModel", "app"]

@@ -22,6 +22,7 @@ class ServedModel:
         self.input_names = [spec.name or f"input_{i}" for i, spec in enumerate(self.inputs)]
         self.output_names = _leaf_names(out_spec)
         self.io_dtype = lowered.io_dtype
+        self.output_specs = _output_specs(lowered, len(mutations), len(self.output_names))
         self.batch_symbol, self.max_rows, self.unbatched_reason = _batch_dim(lowered, self.inputs, mutations)
 
     @classmethod
@@ -132,6 +133,27 @@ def _chunks(members: list, calls: list, max_rows):
         rows += n
     if chunk:
         yield chunk
+
+
+def _output_specs(lowered, n_mutations: int, n_outputs: int) -> list:
+    """(dtype or None, shape with -1 for a dynamic size) of each output the caller gets (the
+    graph's outputs after its mutations), as a KServe v2 model's metadata states them."""
+    specs = []
+    for o in lowered.outputs[n_mutations:]:
+        if o.source == "ort":
+            spec = lowered.ort_outputs[o.index]
+            dtype, shape = spec.dtype, () if o.as_scalar else spec.shape
+        elif o.source == "input":
+            spec = lowered.inputs[o.index]
+            dtype, shape = (spec.dtype, spec.shape) if spec.kind == "tensor" else (None, ())
+        elif o.source == "sym" or isinstance(o.value, bool | int | float):
+            dtype, shape = {bool: torch.bool, int: torch.int64, float: torch.float64}.get(type(o.value), torch.int64), ()
+        else:
+            dtype, shape = None, ()
+        if dtype == torch.float32 and lowered.io_dtype is not None:
+            dtype = lowered.io_dtype  # the call casts float32 results back to the model's dtype
+        specs.append((dtype, [d if isinstance(d, int) else -1 for d in shape]))
+    return specs if len(specs) == n_outputs else [(None, [])] * n_outputs
 
 
 def _leaf_names(spec) -> list[str]:
