@@ -2,6 +2,7 @@
 
     python bench/serve.py [--models mlp,bert16,bert128,resnet18] [--concurrency 1,8,32] [--requests N]
         [--rounds 3] [--servers batched,unbatched,batched-2,ort,fastapi,noop,wait] [--fault N]
+        [--bodies binary,json,npy]
 
 Servers, on one local Ray, all deployed at once per model (idle ones cost memory, not CPU;
 Ray's CPU count is raised to fit them, the machine's cores are what they share), with the same
@@ -32,6 +33,12 @@ lost. The client's CPU time is printed beside each row (it shares the 2 cores). 
 of one ortlite.serve replica (batched, unbatched, ort), Replica.stats() before and after each
 cell gives the mean ms a request spent in the replica's handler and its share of model calls:
 what of the client's latency is the replica's, and what is the engine's (the proxy, routing).
+
+--bodies binary,json,npy: one 1 MiB input (1024 x 256 float32, an MLP with a 1024-float answer)
+to ortlite.serve's defaults, in each body form: Triton's binary tensors (the answer in binary
+too, binary_data_output), KServe v2 JSON (JSON answer), .npy (.npy answer); the same rounds and
+clients as above, and the codec's own time in this process (decode of the body, encode of the
+answer, medians of 20): what each form costs the server, apart from Ray's moving of the bytes.
 
 --fault N: N requests from 32 clients to 2 batched replicas of the MLP, one replica killed
 (ray.kill) after N/2 answers; every 2xx checked against ortlite.load(path)(x) (rtol 1e-5),
@@ -162,6 +169,8 @@ def build(name: str, folder: str):
         tokens = int(name[4:])
         config = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024, vocab_size=30522)
         model, example = First(BertModel(config)), lambda b: torch.randint(0, 30522, (b, tokens))
+    elif name == "mlp1mb":  # --bodies: a 1 MiB input (1024 rows of 256 floats), a small answer
+        model, example = torch.nn.Sequential(torch.nn.Linear(256, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)), lambda b: torch.randn(b, 256)
     elif name == "resnet18":  # ResNet-18's layout (basic blocks 2-2-2-2, 64-512 channels), 1000 classes
         from transformers import ResNetConfig, ResNetForImageClassification
 
@@ -170,7 +179,7 @@ def build(name: str, folder: str):
     else:
         raise SystemExit(f"unknown model {name!r}")
     model.eval()
-    argument = "input" if name == "mlp" else "x"
+    argument = "input" if name.startswith("mlp") else "x"
     compiled = ortlite.compile(model, (example(2),), dynamic_shapes={argument: {0: Dim("batch")}})
     path = os.path.join(folder, f"{name}.onnx")
     compiled.save(path)
@@ -470,6 +479,120 @@ def checks(model, med, direct, concurrencies):
     )
 
 
+def body_forms(path, x, forms) -> dict:
+    """{form: (body, headers)} of one request for x: binary (Triton's tensors, the answer asked in
+    binary), json (KServe v2), npy."""
+    import numpy as np
+
+    from ortlite.serve.http import DATATYPE_OF, HEADER_LENGTH
+    from ortlite.serve.model import ServedModel
+
+    name = ServedModel.signature(path).input_names[0]
+    entry = {"name": name, "shape": list(x.shape), "datatype": DATATYPE_OF[x.dtype]}
+    out = {}
+    for form in forms:
+        if form == "binary":
+            raw = x.numpy().tobytes()
+            header = json.dumps({"inputs": [entry | {"parameters": {"binary_data_size": len(raw)}}], "parameters": {"binary_data_output": True}}).encode()
+            out[form] = (header + raw, {HEADER_LENGTH: str(len(header))})
+        elif form == "json":
+            out[form] = (json.dumps({"inputs": [entry | {"data": x.reshape(-1).tolist()}]}).encode(), {})
+        elif form == "npy":
+            f = io.BytesIO()
+            np.save(f, x.numpy())
+            out[form] = (f.getvalue(), {})
+        else:
+            raise SystemExit(f"unknown body form {form!r} (binary, json, npy)")
+    return out
+
+
+def codec_ms(path, forms: dict) -> dict:
+    """{form: (decode ms, encode ms)} in this process, medians of 20: the body read into the
+    model's arguments, and the answer written in the same form."""
+    import ortlite
+    from ortlite.serve.http import HEADER_LENGTH, decode, encode
+    from ortlite.serve.model import ServedModel
+
+    served, model = ServedModel.signature(path), ortlite.load(path)
+    out = {}
+    for form, (body, headers) in forms.items():
+        decodes, encodes = [], []
+        for _ in range(20):
+            start = time.perf_counter()
+            inference = decode(bytearray(body), served.input_names, 64 << 20, headers.get(HEADER_LENGTH), served.output_names)
+            middle = time.perf_counter()
+            answer = [model(*inference.flat)]
+            end = time.perf_counter()
+            encode(served.output_names, answer, inference, "codec")
+            decodes.append(middle - start)
+            encodes.append(time.perf_counter() - end)
+        out[form] = (statistics.median(decodes) * 1e3, statistics.median(encodes) * 1e3)
+    return out
+
+
+def ortlite_load(path):
+    import ortlite
+
+    return ortlite.load(path)
+
+
+def answer_of(form, reply: bytes, count: int):
+    """The float32 answer in a reply of the form (binary: its last count * 4 bytes)."""
+    import numpy as np
+    import torch
+
+    if form == "binary":
+        return torch.from_numpy(np.frombuffer(reply[-count * 4 :], np.float32).copy())
+    if form == "npy":
+        return torch.from_numpy(np.load(io.BytesIO(reply)))
+    return torch.tensor(json.loads(reply)["outputs"][0]["data"])
+
+
+def run_bodies(args, port):
+    """One 1 MiB input in each body form to ortlite.serve's defaults (one replica), in rounds."""
+    import torch
+
+    folder = tempfile.mkdtemp(prefix="ortlite-serve-bodies-")
+    path, _, _ = build("mlp1mb", folder)
+    torch.manual_seed(1)
+    x = torch.randn(1024, 256)
+    forms = body_forms(path, x, args.bodies.split(","))
+    n, concurrencies = args.requests or 60, [int(c) for c in args.concurrency.split(",")]
+    codec = codec_ms(path, forms)
+    route, stop = deploy("batched", path, port)
+    cells = {}
+    try:
+        expected = ortlite_load(path)(x)
+        for form, (body, headers) in forms.items():  # warm-up, and each answer checked against the direct call
+            results, _, _ = load(port, route, {b: body for b in set(BATCH_SIZES)}, 4, 1, keep_bodies=True, headers=headers)
+            for _, status, _, _, reply in results.values():
+                got = answer_of(form, reply, expected.numel()) if status == 200 else None
+                if got is None or not torch.allclose(got.reshape(expected.shape), expected, rtol=1e-5, atol=1e-6):
+                    raise SystemExit(f"{form}: a wrong answer ({status}): {reply[:200]!r}")
+        for r in range(args.rounds):
+            for concurrency in concurrencies:
+                for form in list(forms)[r % len(forms):] + list(forms)[: r % len(forms)]:
+                    body, headers = forms[form]
+                    before = replica_stats("batched")
+                    cell = summarize(*load(port, route, {b: body for b in set(BATCH_SIZES)}, n, concurrency, args.timeout, headers=headers), n)
+                    cells.setdefault((form, concurrency), []).append(cell | inside(before, replica_stats("batched")))
+    finally:
+        stop()
+    print(f"\nmlp1mb: one input of {x.numel() * 4:,} bytes (1024 x 256 float32), the answer 1024 floats; {args.rounds} rounds of {n} requests a cell")
+    print("| body | bytes | clients | req/s | p50 ms | p99 ms | in replica ms | decode ms | encode ms | 2xx | 4xx | 5xx | lost |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for concurrency in concurrencies:
+        for form in forms:
+            runs = cells[(form, concurrency)]
+            m = {k: statistics.median(run[k] for run in runs) for k in ("req/s", "p50 ms", "p99 ms", "in replica ms")}
+            c = {k: sum(run[k] for run in runs) for k in ("2xx", "4xx", "5xx", "lost")}
+            print(
+                f"| {form} | {len(forms[form][0]):,} | {concurrency} | {m['req/s']:.1f} | {m['p50 ms']:.2f} | {m['p99 ms']:.2f} | {m['in replica ms']:.2f} | "
+                f"{codec[form][0]:.2f} | {codec[form][1]:.2f} | {c['2xx']} | {c['4xx']} | {c['5xx']} | {c['lost']} |",
+                flush=True,
+            )
+
+
 def run_fault(args, port):
     import ray
     import torch
@@ -541,6 +664,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--fault", type=int, default=0, help="the fault run with this many requests instead")
+    parser.add_argument("--bodies", default="", help="binary,json,npy: a 1 MiB input in these body forms instead")
     parser.add_argument("--fastapi-server", nargs=2, metavar=("PATH", "PORT"))
     args = parser.parse_args(argv)
     if args.fastapi_server:
@@ -551,7 +675,7 @@ def main(argv=None):
 
     # Ray's CPUs are a logical count: the bench keeps all its servers deployed at once (the
     # machine's cores are what they share); the fault run has the issue's 2
-    cpus = 2 if args.fault else max(2, sum(REPLICA_CPUS[k] for k in args.servers.split(",")))
+    cpus = 2 if args.fault or args.bodies else max(2, sum(REPLICA_CPUS[k] for k in args.servers.split(",")))
     # Ray starts its workers (proxy, replicas) at nice 15 (its worker_niceness): on a machine
     # shared with other work they then get a fraction of the CPU the FastAPI process (nice 0)
     # gets. The bench runs them at 0 unless told otherwise.
@@ -564,6 +688,8 @@ def main(argv=None):
         print("# " + " ".join(sys.argv))
         if args.fault:
             run_fault(args, port)
+        elif args.bodies:
+            run_bodies(args, port)
         else:
             run_bench(args, port)
     finally:

@@ -161,7 +161,7 @@ def _kserve(request, names: list[str], binary, output_names) -> Inference:
     binary_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise BadRequest(f"the request's parameter binary_data_output must be true or false, got {_short(binary_output)}")
-    outputs = None if request.get("outputs") is None else _requested(request["outputs"], output_names, binary_output)
+    outputs = _requested(request["outputs"], output_names, binary_output) if request.get("outputs") else None  # none or []: every output
     given, offset = {}, 0
     for entry in request["inputs"]:
         if not isinstance(entry, dict) or not all(k in entry for k in ("name", "shape", "datatype")):
@@ -272,9 +272,9 @@ def _binary_tensor(chunk: memoryview, shape: list, datatype: str, name: str):
     dtype = DATATYPES[datatype]
     if count == 0:
         return torch.empty(shape, dtype=dtype)
-    tensor = torch.frombuffer(bytearray(chunk) if chunk.readonly else chunk, dtype=dtype)
-    if tensor.data_ptr() % ITEMSIZE[datatype]:
-        tensor = tensor.clone()  # after a JSON header of odd length
+    tensor = None if chunk.readonly else torch.frombuffer(chunk, dtype=dtype)
+    if tensor is None or tensor.data_ptr() % ITEMSIZE[datatype]:  # misaligned: after a JSON header of odd length
+        tensor = torch.frombuffer(bytearray(chunk), dtype=dtype)  # a copy, aligned (torch's clone of misaligned data is 40x slower)
     if dtype == torch.bool and tensor.view(torch.uint8).max() > 1:
         raise BadRequest(f"input {name!r}: BOOL bytes must be 0 or 1")
     return tensor.reshape(shape)
