@@ -22,6 +22,7 @@ from .decomp import export_decomposition_table
 from .dynamo_backend import missing_kernel_origin
 from .lower import InputSpec, finite_int, lower_graph
 from .lower.registry import shape_env_of
+from .lower.tie_order import mark_tie_orders
 from .options import Options
 from .partition import source_line, unsupported_nodes
 from .runner import runner_for
@@ -64,6 +65,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     signature = program.graph_signature
 
     _refuse_unsupported(gm)
+    mark_tie_orders(gm.graph)
     state = {**program.state_dict, **program.constants}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     mutated_buffers = set(signature.buffers_to_mutate.values())

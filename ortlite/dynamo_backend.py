@@ -25,6 +25,7 @@ from .frozen import frozen_inputs, sub_frozen, weight_indices
 from .logs import log, warn_once
 from .calibrate import dynamo_graph_inputs, lower_calibrated
 from .lower import LoweringError, NodeNotLowered, lower_graph
+from .lower.tie_order import mark_tie_orders
 from .options import CALIBRATION_SAMPLES, Options
 from .partition import (
     alias_views_to_torch,
@@ -230,7 +231,7 @@ class Backend:
                 bw_compiler=self._compile_backward,
                 inference_compiler=functools.partial(self._compile_inference, dynamo_graph),
                 decompositions=decomposition_table(self.options.random),
-                partition_fn=min_cut_rematerialization_partition,
+                partition_fn=_partition_joint,
             )(gm, example_inputs)
         finally:
             dynamo_graph.clear()
@@ -256,15 +257,18 @@ class Backend:
         return self._by_options[options]
 
     def _compile_forward(self, gm, example_inputs):
+        mark_tie_orders(gm.graph)  # (a training step's forward was marked whole, in its joint graph)
         return self.compile_graph(gm, "forward")
 
     def _compile_backward(self, gm, example_inputs):
+        mark_tie_orders(gm.graph)
         return self.compile_graph(gm, "backward")
 
     def _compile_inference(self, dynamo_graph: dict, gm, example_inputs):
         """A forward graph no output of which needs grad: its weights can be frozen, and
         floats read from attributes become constants (checked per call)."""
         frozen = {}
+        mark_tie_orders(gm.graph)
         lifted = list(getattr(torch._guards.TracingContext.try_get(), "params_flat", None) or ())
         if self.options.quantize is not None and (reduced := reduced_dtype(gm)) is not None:
             widen(gm, reduced)  # float32 inside: ORT's CPU provider has little bfloat16 and float16 arithmetic
@@ -543,6 +547,14 @@ class Backend:
             if origin is None or self.options.fallback == "error":
                 raise
             raise MissingKernel(origin, missing_kernel_reason(e, gm, origin)) from e
+
+
+def _partition_joint(joint: torch.fx.GraphModule, joint_inputs, **kwargs):
+    """aot_autograd's partition, after the sorts of the joint forward-backward graph got their
+    tie-order verdicts (lower.tie_order): the forward alone would see each value it saves for
+    the backward as an output."""
+    mark_tie_orders(joint.graph)
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
 
 def unbindable(example_inputs) -> str | None:

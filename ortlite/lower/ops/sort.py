@@ -11,7 +11,8 @@ from torch.utils._sympy.functions import Min
 
 from ..builder import Value, sym_expr
 from ..registry import lower
-from .common import any_true, aten, arg_val, indices_used, known_empty, norm_dim, out_shape
+from ..tie_order import TIE_ORDER, tie_order
+from .common import any_true, aten, arg_val, known_empty, norm_dim, out_shape
 
 WIDER = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
@@ -42,10 +43,13 @@ def _check(node):
 
 
 def _tie_order_matters(node) -> bool:
-    """Would equal values make aten's indices differ from TopK's (lower index first)? Only
-    a stable sort promises that order; std::sort and std::partial_sort leave it open."""
-    stable = node.target is aten.sort.stable and node.kwargs.get("stable")
-    return indices_used(node) and not stable
+    """Could equal keys make a result differ from aten's? Only a stable sort promises an
+    order of ties (TopK's, lower index first); std::sort and std::partial_sort leave it
+    open. The verdict (lower.tie_order) comes from the whole graph, marked before it was cut
+    into parts; a graph nobody marked is judged alone (its outputs then include all that
+    its parts hand on)."""
+    verdict = node.meta.get(TIE_ORDER)
+    return (verdict if verdict is not None else tie_order(node)).checked
 
 
 def _topk(g, node, x: Value, k, dim: int, largest: bool):

@@ -1,0 +1,290 @@
+"""Sorts whose tie order cannot reach an output run unchecked (ortlite/lower/tie_order.py).
+
+The proof is tested against an oracle that needs no proof: each program's aten graph is run
+again with every sort's ties ordered at random (a valid order for aten's unstable sort). A
+program the proof calls "tie order unobservable" must give the same outputs for every order;
+the programs whose outputs do change must keep their check. The programs are the routing
+forms of mixture-of-experts layers (argsort of expert ids, histc offsets, grouped
+and batched products, the rows put back by an inverse permutation, index_add or a sum) and
+the ways each can leak the order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+import ortlite
+from ortlite.decomp import decomposition_table
+from ortlite.lower.tie_order import SORTS, TIE_ORDER, mark_tie_orders
+
+T, H, E, K = 12, 8, 4, 2  # tokens, width, experts, experts per token
+
+
+def routing(x, gate):
+    """Top-k expert ids per token (random floats: no ties among the logits)."""
+    weights, ids = torch.topk(torch.softmax(x @ gate, -1), K, -1)
+    return weights.reshape(-1), ids.reshape(-1)
+
+
+def grouped(x, rows, w, ids, *, low=0):
+    """Rows of each expert times its weight (transformers' grouped mm), the rows of expert e
+    after those of the experts before it: offsets counted from the ids (sorted or not)."""
+    offsets = torch.cumsum(torch.histc(ids.float(), bins=E, min=low, max=E - 1), 0, dtype=torch.int32)
+    return torch.ops.transformers.grouped_mm_fallback(rows, w, offsets)
+
+
+def moe_grouped(x, gate, w):
+    """transformers' grouped_mm experts: sort, grouped products, inverse permutation, sum."""
+    weights, ids = routing(x, gate)
+    ids_sorted, perm = torch.sort(ids)
+    out = grouped(x, x[perm // K], w, ids_sorted) * weights[perm].unsqueeze(-1)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.size(0))
+    return out[inverse].view(T, K, H).sum(1)
+
+
+def moe_argsort_inverse(x, gate, w):
+    weights, ids = routing(x, gate)
+    perm = torch.argsort(ids)
+    out = grouped(x, x[perm // K], w, ids) * weights[perm, None]
+    return out[torch.argsort(perm)].view(T, K, H).sum(1)
+
+
+def moe_index_add(x, gate, w):
+    weights, ids = routing(x, gate)
+    ids_sorted, perm = torch.sort(ids)
+    out = grouped(x, x[perm // K], w, ids_sorted) * weights[perm].unsqueeze(-1)
+    return torch.zeros(T, H).index_add(0, perm // K, out)
+
+
+def moe_scatter_back(x, gate, w):
+    weights, ids = routing(x, gate)
+    ids_sorted, perm = torch.sort(ids)
+    out = grouped(x, x[perm // K], w, ids_sorted) * weights[perm].unsqueeze(-1)
+    back = torch.zeros(T * K, H).index_put((perm,), out)  # each row to where it came from
+    return back.view(T, K, H).sum(1)
+
+
+def moe_batched_gather(x, gate, w):
+    """Weights gathered per row by the sorted ids (equal along ties), a batched product."""
+    weights, ids = routing(x, gate)
+    ids_sorted, perm = torch.sort(ids)
+    rows = torch.bmm(x[perm // K].unsqueeze(1), w[ids_sorted]).squeeze(1)
+    out = torch.zeros(T * K, H).index_put((perm,), rows * weights[perm, None])
+    return out.view(T, K, H).sum(1), ids_sorted * 2
+
+
+def rows_summed(x, gate, w):
+    _, ids = routing(x, gate)
+    _, perm = torch.sort(ids)
+    rows = x[perm // K]
+    return (rows.relu() * 3).sum(0), rows.amax(0), rows.t() @ rows
+
+
+UNOBSERVABLE = {
+    "grouped, inverse by index_put": moe_grouped,
+    "argsort of the permutation, offsets of the unsorted ids": moe_argsort_inverse,
+    "index_add by token": moe_index_add,
+    "index_put by the permutation": moe_scatter_back,
+    "batched, weights gathered by sorted ids": moe_batched_gather,
+    "sums and a product over the rows": rows_summed,
+}
+
+
+def leak_permutation(x, gate, w):
+    return torch.sort(routing(x, gate)[1])[1]
+
+
+def leak_rows(x, gate, w):
+    _, perm = torch.sort(routing(x, gate)[1])
+    return x[perm // K] * 2
+
+
+def leak_cumsum(x, gate, w):
+    _, perm = torch.sort(routing(x, gate)[1])
+    return torch.cumsum(x[perm // K], 0)[torch.argsort(perm)]
+
+
+def leak_position_mix(x, gate, w):
+    """Rows added to a tensor of their own positions: the sum depends on who sits where."""
+    _, perm = torch.sort(routing(x, gate)[1])
+    mixed = x[perm // K] + torch.arange(T * K).unsqueeze(-1)
+    return mixed[torch.argsort(perm)]
+
+
+def leak_offsets_past_low_ids(x, gate, w):
+    """histc from 1: expert 0's rows are not counted, so groups no longer start at key changes."""
+    weights, ids = routing(x, gate)
+    ids_sorted, perm = torch.sort(ids)
+    out = grouped(x, x[perm // K], w, ids_sorted, low=1)
+    return out[torch.argsort(perm)].view(T, K, H).sum(1)
+
+
+def leak_descending(x, gate, w):
+    """Descending order with ascending offsets: groups straddle ties."""
+    weights, ids = routing(x, gate)
+    ids_sorted, perm = torch.sort(ids, descending=True)
+    out = grouped(x, x[perm // K], w, ids_sorted.flip(0))
+    return out[torch.argsort(perm)].view(T, K, H).sum(1)
+
+
+def leak_last_writer(x, gate, w):
+    """index_put without accumulate by token: of a token's rows, the last one written wins."""
+    _, perm = torch.sort(routing(x, gate)[1])
+    return torch.zeros(T, H).index_put((perm // K,), x[perm // K] * torch.arange(T * K).unsqueeze(-1).float())
+
+
+def leak_argmax(x, gate, w):
+    _, perm = torch.sort(routing(x, gate)[1])
+    return torch.argmax(x[perm // K].sum(1))
+
+
+def leak_first_row(x, gate, w):
+    _, perm = torch.sort(routing(x, gate)[1])
+    return torch.cat([x[perm // K], x], 0)[0]
+
+
+OBSERVABLE = {
+    "the permutation": leak_permutation,
+    "the sorted rows": leak_rows,
+    "a cumulative sum over the rows": leak_cumsum,
+    "rows mixed with positions": leak_position_mix,
+    "offsets that skip low ids": leak_offsets_past_low_ids,
+    "descending sort, ascending offsets": leak_descending,
+    "last writer wins": leak_last_writer,
+    "argmax over the rows": leak_argmax,
+    "a slice of the rows": leak_first_row,
+}
+
+
+def inputs(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, H, generator=g), torch.randn(H, E, generator=g), torch.randn(E, H, H, generator=g)
+
+
+def aten_graph(fn, args) -> torch.fx.GraphModule:
+    """The inference graph ortlite's backend gets for fn (Dynamo, aot_autograd, ortlite's
+    decompositions), its sorts marked."""
+    captured = []
+
+    def compiler(gm, example_inputs):
+        captured.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=aot_autograd(fw_compiler=compiler, decompositions=decomposition_table(ortlite.Options().random)), dynamic=False)(*args)
+    (gm,) = captured
+    mark_tie_orders(gm.graph)
+    return gm
+
+
+class ShuffledTies(torch.fx.Interpreter):
+    """Runs a graph with each sort's equal keys in a random order (an order aten may give)."""
+
+    def __init__(self, gm, generator):
+        super().__init__(gm)
+        self.generator = generator
+
+    def call_function(self, target, args, kwargs):
+        if target not in SORTS or target is torch.ops.aten.topk.default:
+            return super().call_function(target, args, kwargs)
+        keys = args[0]
+        descending = kwargs.get("descending", args[2] if len(args) > 2 else False)
+        values, order = torch.sort(keys, stable=True, descending=descending)
+        _, counts = torch.unique_consecutive(values, return_counts=True)
+        start = 0
+        for c in counts.tolist():
+            order[start : start + c] = order[start : start + c][torch.randperm(c, generator=self.generator)]
+            start += c
+        return keys[order], order
+
+
+def changes_with_tie_order(gm, args) -> bool:
+    with torch.no_grad():
+        runs = [ShuffledTies(gm, torch.Generator().manual_seed(s)).run(*args) for s in range(6)]
+    for outs in runs[1:]:
+        for got, first in zip(outs, runs[0]):
+            if not torch.allclose(got.double(), first.double(), rtol=1e-5, atol=1e-5):
+                return True
+    return False
+
+
+def verdicts(gm) -> list:
+    return [n.meta[TIE_ORDER] for n in gm.graph.nodes if n.op == "call_function" and n.target is not torch.ops.aten.topk.default and n.target in SORTS]
+
+
+@pytest.fixture(autouse=True)
+def _grouped_mm_registered():
+    pytest.importorskip("transformers.integrations.moe", reason="transformers registers the grouped mm op MoE layers use")
+
+
+@pytest.mark.parametrize("name", sorted(UNOBSERVABLE))
+def test_proof_holds_under_every_tie_order(name):
+    """The proof finds the order unobservable, and the oracle agrees on several inputs."""
+    for seed in range(3):
+        args = inputs(seed)
+        gm = aten_graph(UNOBSERVABLE[name], args)
+        assert verdicts(gm) and all(not v.checked for v in verdicts(gm)), verdicts(gm)
+        assert not changes_with_tie_order(gm, args)
+
+
+@pytest.mark.parametrize("name", sorted(OBSERVABLE))
+def test_order_that_reaches_an_output_keeps_its_check(name):
+    """The oracle sees the outputs change with the tie order; the proof must not claim
+    otherwise (the sort keeps its per-call check)."""
+    args = inputs(0)
+    gm = aten_graph(OBSERVABLE[name], args)
+    assert changes_with_tie_order(gm, args), "the program does not show its tie order: a useless case"
+    assert any(v.checked for v in verdicts(gm)), verdicts(gm)
+
+
+@pytest.mark.parametrize("name", sorted(UNOBSERVABLE))
+def test_unobservable_orders_run_whole_in_ort(name):
+    fn = UNOBSERVABLE[name]
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    with torch.no_grad():
+        for seed in range(3):
+            args = inputs(seed)
+            torch.testing.assert_close(compiled(*args), fn(*args), rtol=1e-5, atol=1e-5)
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs == 1
+
+
+@pytest.mark.parametrize("name", ["the permutation", "a cumulative sum over the rows", "last writer wins"])
+def test_observable_orders_still_leave_to_torch(name):
+    fn = OBSERVABLE[name]
+    backend = ortlite.Backend()
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    with torch.no_grad():
+        args = inputs(0)
+        torch.testing.assert_close(compiled(*args), fn(*args))
+    assert "aten.sort.default" in backend.stats.fallback_ops
+    with pytest.raises(ortlite.RunError, match="equal values"):  # ahead of time: raised, as before
+        ortlite.compile(_Wrap(fn), args)(*args)
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def test_training_step_proves_on_the_joint_graph():
+    """Under autograd, the forward saves the permutation for the backward: judged alone, the
+    forward's sort would reach an output. The joint graph is judged whole, before it is cut."""
+    x, gate, w = inputs(0)
+    params = [p.requires_grad_() for p in (x.clone(), gate.clone(), w.clone())]
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(moe_grouped, backend=backend, dynamic=False)
+    compiled(*params).square().sum().backward()
+    reference = [p.detach().clone().requires_grad_() for p in (x, gate, w)]
+    moe_grouped(*reference).square().sum().backward()
+    for got, expected in zip(params, reference):
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-4, atol=1e-5)
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs == 2
