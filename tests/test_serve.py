@@ -33,6 +33,7 @@ from ray import serve  # noqa: E402
 import ortlite.serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRPC_PORT = free_port()  # the module's Serve: KServe v2's gRPC service (where tritonclient is installed)
 
 
 class Pair(torch.nn.Module):
@@ -81,7 +82,11 @@ def port(files):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        try:
+            grpc = {"grpc_options": ortlite.serve.grpc_options(GRPC_PORT)}
+        except ImportError:  # no tritonclient: test_tritonclient_grpc skips
+            grpc = {}
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, **grpc)
         mlp = ortlite.serve.app(files["mlp"], num_replicas=2, num_cpus=0.5, max_body_bytes=1 << 16, batch_wait_timeout_s=0.01)
         serve.run(mlp, name="mlp", route_prefix="/mlp")
         serve.run(ortlite.serve.app(files["pair"], num_cpus=0.5, max_batch_size=1), name="pair", route_prefix="/pair")
@@ -130,9 +135,15 @@ def test_import_ortlite_imports_no_ray():
 
 def test_command_line_serves_and_stops(files, direct):
     """python -m ortlite.serve with a Ray of its own (run before the module's Ray starts):
-    answers over HTTP, and on SIGINT stops Serve and Ray, freeing the port."""
-    port = free_port()
+    answers over HTTP, and over gRPC (--grpc-port) to tritonclient.grpc with its defaults; on
+    SIGINT stops Serve and Ray, freeing the port."""
+    try:
+        import tritonclient.grpc as triton_grpc
+    except ImportError:
+        triton_grpc = None
+    port, grpc_port = free_port(), free_port()
     command = [sys.executable, "-m", "ortlite.serve", files["mlp"], "--port", str(port), "--num-cpus", "0.5"]
+    command += ["--grpc-port", str(grpc_port)] if triton_grpc else []
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         x, deadline = torch.randn(3, 16), time.monotonic() + 120
@@ -146,6 +157,12 @@ def test_command_line_serves_and_stops(files, direct):
                 pass
             time.sleep(0.5)
         close(outputs(body)["output"], direct["mlp"](x))
+        if triton_grpc:
+            with triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:  # one app: no "application" metadata
+                assert client.is_server_live() and client.is_model_ready("mlp")
+                tensor = triton_grpc.InferInput("input", [3, 16], "FP32")
+                tensor.set_data_from_numpy(x.numpy())
+                close(torch.tensor(client.infer("mlp", [tensor]).as_numpy("output")), direct["mlp"](x))
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
         with pytest.raises(OSError):
@@ -603,3 +620,123 @@ def test_tritonclient_http_binary_and_json(port, direct):
 def test_unsupported_content_encoding_is_a_415(port):
     status, body, _ = request(port, "/mlp/v2/models/mlp/infer", kserve(input=torch.randn(1, 16)), headers={"Content-Encoding": "br"})
     assert status == 415 and "Content-Encoding 'br' is not supported" in json.loads(body)["error"]
+
+
+# ---------------------------------------------------------------- KServe v2 over gRPC
+
+
+def _grpc_request(inputs, outputs=None, request_id="", model="m"):
+    from tritonclient.grpc._utils import _get_inference_request
+
+    return _get_inference_request(model, inputs, "", request_id, outputs, 0, False, False, 0, None, None)
+
+
+def test_kserve_grpc_codec_round_trips_every_datatype():
+    """tritonclient.grpc's ModelInferRequest (raw inputs) decodes to the tensors it was given,
+    typed contents too, and the answer is what its InferResult reads; no Ray."""
+    pytest.importorskip("tritonclient.grpc")
+    import tritonclient.grpc as triton_grpc
+    from tritonclient.utils import np_to_triton_dtype
+
+    from ortlite.serve import kserve_grpc
+
+    arrays = _codec_arrays()
+    names = list(arrays)
+    inputs = []
+    for name, array in arrays.items():
+        entry = triton_grpc.InferInput(name, list(array.shape), "BF16" if name == "BF16" else np_to_triton_dtype(array.dtype))
+        entry.set_data_from_numpy(array)
+        inputs.append(entry)
+    request = _grpc_request(inputs, [triton_grpc.InferRequestedOutput(n) for n in reversed(names)], "g1")
+    inference = kserve_grpc.decode(request, names, names)
+    assert inference.id == "g1" and inference.outputs == [(n, True) for n in reversed(names)]
+    for name, value in zip(names, inference.flat):
+        expected = arrays[name]
+        if name == "BYTES":
+            assert value.tolist() == expected.tolist()
+        else:
+            assert value.dtype == ortlite.serve.http.DATATYPES[name]
+            np.testing.assert_array_equal(_as_numpy(value), expected.view(np.int16) if name == "BF16" else expected)
+    result = triton_grpc.InferResult(kserve_grpc.encode(names, inference.flat, inference, "m", "1"))
+    assert [o.name for o in result.get_response().outputs] == names[::-1] and result.get_response().id == "g1"
+    for name in names:
+        got, expected = result.as_numpy(name), arrays[name]
+        if name == "BF16":
+            got, expected = got.view(np.int16), expected.view(np.int16)
+        assert got.shape == expected.shape and got.tolist() == expected.tolist(), name
+
+    typed = kserve_grpc.messages().ModelInferRequest(model_name="m")
+    for name, field, values in [("INT32", "int_contents", [1, -2]), ("BOOL", "bool_contents", [True, False]), ("BYTES", "bytes_contents", [b"a", b"bc"])]:
+        entry = typed.inputs.add(name=name, datatype=name, shape=[2])
+        getattr(entry.contents, field).extend(values)
+    inference = kserve_grpc.decode(typed, ["INT32", "BOOL", "BYTES"], [])
+    assert inference.flat[0].tolist() == [1, -2] and inference.flat[0].dtype == torch.int32
+    assert inference.flat[1].tolist() == [True, False] and inference.flat[2].tolist() == [b"a", b"bc"]
+
+
+def test_kserve_grpc_codec_names_what_is_wrong():
+    pytest.importorskip("tritonclient.grpc")
+    from ortlite.serve import kserve_grpc
+    from ortlite.serve.http import BadRequest
+
+    pb = kserve_grpc.messages()
+    cases = [
+        (pb.ModelInferRequest(inputs=[{"name": "x", "datatype": "FP32", "shape": [1]}]), "no input named 'x'; its inputs are ['input']"),
+        (pb.ModelInferRequest(inputs=[{"name": "input", "datatype": "FP8", "shape": [1]}]), "datatype 'FP8' is not one of"),
+        (pb.ModelInferRequest(inputs=[{"name": "input", "datatype": "FP32", "shape": [2]}], raw_input_contents=[bytes(4)]), "shape [2] of FP32 is 8 bytes, but its binary_data_size is 4"),
+        (pb.ModelInferRequest(inputs=[{"name": "input", "datatype": "FP32", "shape": [1]}], raw_input_contents=[bytes(4)] * 2), "1 inputs but 2 raw_input_contents"),
+        (pb.ModelInferRequest(inputs=[{"name": "input", "datatype": "FP16", "shape": [1]}]), "FP16 travels in raw_input_contents only"),
+        (pb.ModelInferRequest(inputs=[{"name": "input", "datatype": "FP32", "shape": [2], "contents": {"fp32_contents": [1.0]}}]), "shape [2] holds 2 values, data has 1"),
+        (pb.ModelInferRequest(inputs=[{"name": "input", "datatype": "FP32", "shape": [-1]}]), "shape must be a list of sizes, got [-1]"),
+        (pb.ModelInferRequest(inputs=[{"name": "input", "datatype": "FP32", "shape": [0]}], outputs=[{"name": "logits"}]), "no output named 'logits'; its outputs are ['output']"),
+        (pb.ModelInferRequest(), "the request lacks input(s) ['input']"),
+    ]
+    for request, says in cases:
+        with pytest.raises(BadRequest) as e:
+            kserve_grpc.decode(request, ["input"], ["output"])
+        assert says in str(e.value), (str(e.value), says)
+
+
+def test_tritonclient_grpc(port, direct):
+    """NVIDIA's tritonclient.grpc through Ray Serve's gRPC proxy (the module's Serve runs one):
+    answers equal the direct call; health, readiness, metadata, an unknown model (NOT_FOUND)
+    and bad input (INVALID_ARGUMENT). Three apps here: the app is chosen by the "application"
+    metadata, as Ray Serve routes gRPC (the command line's one app needs none)."""
+    triton_grpc = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    pair = direct["pair"]
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    expected = pair(x, y)
+    app = {"application": "pair"}
+
+    def tensor(name, array):
+        entry = triton_grpc.InferInput(name, list(array.shape), ortlite.serve.http.DATATYPE_OF[torch.from_numpy(array).dtype])
+        entry.set_data_from_numpy(array)
+        return entry
+
+    with triton_grpc.InferenceServerClient(f"127.0.0.1:{GRPC_PORT}") as client:
+        assert client.is_server_live(headers=app) and client.is_server_ready(headers=app) and client.is_model_ready("pair", headers=app)
+        assert not client.is_model_ready("nosuchmodel", headers=app) and not client.is_model_ready("pair", "2", headers=app)
+        assert "binary_tensor_data" in client.get_server_metadata(headers=app).extensions
+        meta = client.get_model_metadata("pair", headers=app, as_json=True)
+        assert meta["versions"] == ["1"] and [(t["name"], t["datatype"], t["shape"]) for t in meta["outputs"]] == [("sum", "FP32", ["-1", "6"]), ("norm", "FP32", ["-1"])]
+        inputs = [tensor("x", x.numpy()), tensor("y", y.numpy())]
+        result = client.infer("pair", inputs, headers=app, request_id="g7")
+        close(torch.tensor(result.as_numpy("sum")), expected["sum"])
+        close(torch.tensor(result.as_numpy("norm")), expected["norm"])
+        assert result.get_response().id == "g7" and result.get_response().model_version == "1"
+        result = client.infer("pair", inputs, "1", outputs=[triton_grpc.InferRequestedOutput("norm")], headers=app)
+        assert [o.name for o in result.get_response().outputs] == ["norm"]
+        close(torch.tensor(result.as_numpy("norm")), expected["norm"])
+        for call, code, says in [
+            (lambda: client.infer("nosuchmodel", inputs, headers=app), "NOT_FOUND", "unknown model 'nosuchmodel': this server serves 'pair'"),
+            (lambda: client.get_model_metadata("pair", "2", headers=app), "NOT_FOUND", "model 'pair' has no version '2'"),
+            (lambda: client.infer("pair", [tensor("x", x.numpy()), tensor("y", y[:3].numpy())], headers=app), "INVALID_ARGUMENT", "argument 1 dim 0 is 3 but must equal argument 0 dim 0, which is 4"),
+            (lambda: client.infer("pair", inputs[:1], headers=app), "INVALID_ARGUMENT", "the request lacks input(s) ['y']"),
+        ]:
+            with pytest.raises(InferenceServerException) as e:
+                call()
+            assert e.value.status() == f"StatusCode.{code}" and says in e.value.message(), (e.value.status(), e.value.message())
+        mlp = client.infer("mlp", [tensor("input", np.ones((2, 16), np.float32))], headers={"application": "mlp"})
+        close(torch.tensor(mlp.as_numpy("output")), direct["mlp"](torch.ones(2, 16)))

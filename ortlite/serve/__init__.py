@@ -31,6 +31,8 @@ except ImportError as e:  # pragma: no cover (the serve extra is installed where
 import torch
 
 from .http import DATATYPE_OF, EXTENSIONS, HEADER_LENGTH, JSON, BadRequest, decode, encode, error_body, inflate
+from . import kserve_grpc
+from .kserve_grpc import options as grpc_options
 from .model import ServedModel
 
 log = logging.getLogger("ortlite")
@@ -106,6 +108,10 @@ class Replica:
         self.input_types = [_datatype(s.dtype or scalars.get(s.kind), s.shape, served.io_dtype) for s in served.inputs]
         self.output_types = [_datatype(d, s) for d, s in served.output_specs]
         self.routes = self._routes()
+        try:  # the gRPC messages, where tritonclient is installed: Ray unpickles requests before a method runs
+            kserve_grpc.messages()
+        except ImportError:
+            pass
 
     def load(self, path: str) -> ServedModel:
         return ServedModel.load(path)
@@ -221,9 +227,9 @@ class Replica:
             inference = decode(body, served.input_names, limit, headers.get(HEADER_LENGTH), served.output_names)
         except BadRequest as e:
             return _error(str(e), e.status)
-        for name, value, (datatype, _) in zip(served.input_names, inference.flat, self.input_types):
-            if not isinstance(value, torch.Tensor):  # BYTES
-                return _error(f"input {name!r} is BYTES, but the model takes a {datatype} tensor there (no ortlite model takes strings)", 400)
+        strings = self._strings(inference.flat)
+        if strings:
+            return _error(strings, 400)
         answer = await self._run(inference.flat)
         if isinstance(answer, (TypeError, ValueError)):  # ortlite's checks of the arguments
             return _error(str(answer), 400)
@@ -234,6 +240,78 @@ class Replica:
         except TypeError as e:
             return _error(str(e), 500)
         return Response(content, media_type=media_type, headers=extra)
+
+    def _strings(self, flat: list) -> str | None:
+        """What is wrong with a request's BYTES inputs, if it has any."""
+        for name, value, (datatype, _) in zip(self.served.input_names, flat, self.input_types):
+            if not isinstance(value, torch.Tensor):
+                return f"input {name!r} is BYTES, but the model takes a {datatype} tensor there (no ortlite model takes strings)"
+        return None
+
+    # KServe v2 over gRPC: Ray Serve's gRPC proxy (serve.start(grpc_options=grpc_options(port)))
+    # calls the methods of the RPCs' names, with the request message; errors set the status.
+
+    async def ServerLive(self, request, grpc_context=None):
+        return kserve_grpc.messages().ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, grpc_context=None):
+        return kserve_grpc.messages().ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request, grpc_context=None):
+        return kserve_grpc.messages().ModelReadyResponse(ready=self._unknown(request.name, request.version) is None)
+
+    async def ServerMetadata(self, request, grpc_context=None):
+        import ortlite
+
+        return kserve_grpc.messages().ServerMetadataResponse(name="ortlite", version=ortlite.__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request, grpc_context=None):
+        pb = kserve_grpc.messages()
+        unknown = self._unknown(request.name, request.version)
+        if unknown:
+            return _grpc_error(grpc_context, "NOT_FOUND", unknown, pb.ModelMetadataResponse())
+        tensors = lambda names, types: [{"name": n, "datatype": d or "", "shape": s} for n, (d, s) in zip(names, types)]  # noqa: E731
+        return pb.ModelMetadataResponse(
+            name=self.config["name"], versions=[VERSION], platform="ortlite",
+            inputs=tensors(self.served.input_names, self.input_types), outputs=tensors(self.served.output_names, self.output_types),
+        )
+
+    async def ModelInfer(self, request, grpc_context=None):
+        start = time.perf_counter()
+        try:
+            return await self._grpc_infer(request, grpc_context)
+        finally:
+            self.request_seconds += time.perf_counter() - start
+
+    async def _grpc_infer(self, request, grpc_context):
+        served, pb = self.served, kserve_grpc.messages()
+        unknown = self._unknown(request.model_name, request.model_version)
+        if unknown:
+            return _grpc_error(grpc_context, "NOT_FOUND", unknown, pb.ModelInferResponse())
+        try:
+            inference = kserve_grpc.decode(request, served.input_names, served.output_names)
+        except BadRequest as e:
+            return _grpc_error(grpc_context, "RESOURCE_EXHAUSTED" if e.status == 413 else "INVALID_ARGUMENT", str(e), pb.ModelInferResponse())
+        strings = self._strings(inference.flat)
+        if strings:
+            return _grpc_error(grpc_context, "INVALID_ARGUMENT", strings, pb.ModelInferResponse())
+        answer = await self._run(inference.flat)
+        if isinstance(answer, (TypeError, ValueError)):
+            return _grpc_error(grpc_context, "INVALID_ARGUMENT", str(answer), pb.ModelInferResponse())
+        if isinstance(answer, Exception):
+            return _grpc_error(grpc_context, "INTERNAL", f"{type(answer).__name__}: {answer}", pb.ModelInferResponse())
+        try:
+            return kserve_grpc.encode(served.output_names, answer, inference, self.config["name"], VERSION)
+        except TypeError as e:
+            return _grpc_error(grpc_context, "INTERNAL", str(e), pb.ModelInferResponse())
+
+    def _unknown(self, name: str, version: str) -> str | None:
+        """Why a model name and version (empty: its one version) are not this replica's, or None."""
+        if name != self.config["name"]:
+            return f"unknown model {name!r}: this server serves {self.config['name']!r}"
+        if version not in ("", VERSION):
+            return f"model {name!r} has no version {version!r}: its one version is {VERSION!r}"
+        return None
 
     def _not_found(self, path: str) -> str:
         name, parts = self.config["name"], path.split("/")
@@ -274,6 +352,16 @@ def _error(message: str, status: int, headers: dict | None = None) -> Response:
     return Response(error_body(message), status_code=status, media_type=JSON, headers=headers)
 
 
+def _grpc_error(grpc_context, code: str, message: str, empty):
+    """An error's status and details on the call's context; empty: the answer, with nothing in it."""
+    import grpc
+
+    if grpc_context is not None:
+        grpc_context.set_code(getattr(grpc.StatusCode, code))
+        grpc_context.set_details(message)
+    return empty
+
+
 def _datatype(dtype, shape, io_dtype=None) -> tuple:
     """(KServe datatype, shape with -1 for a dynamic size) of a model's argument or output."""
     if dtype == torch.float32 and io_dtype is not None:
@@ -281,4 +369,4 @@ def _datatype(dtype, shape, io_dtype=None) -> tuple:
     return DATATYPE_OF.get(dtype, str(dtype) if dtype is not None else None), [d if isinstance(d, int) else -1 for d in shape]
 
 
-__all__ = ["Replica", "ServedModel", "app"]
+__all__ = ["Replica", "ServedModel", "app", "grpc_options"]

@@ -1,8 +1,8 @@
-"""python -m ortlite.serve model.onnx [--replicas N] [--port 8000] [--host 127.0.0.1] ...
+"""python -m ortlite.serve model.onnx [--replicas N] [--port 8000] [--host 127.0.0.1] [--grpc-port N] ...
 
-Serves a saved model over HTTP until interrupted (Ctrl-C, SIGTERM). Without --address it
-starts a local Ray of its own, and stops it on exit; with one (a running cluster, or "auto") it
-deploys there and deletes only its own app on exit.
+Serves a saved model over HTTP (and KServe v2's gRPC with --grpc-port) until interrupted
+(Ctrl-C, SIGTERM). Without --address it starts a local Ray of its own, and stops it on exit;
+with one (a running cluster, or "auto") it deploys there and deletes only its own app on exit.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def main(argv=None):
     parser.add_argument("--num-cpus", type=float, default=1, help="Ray CPUs per replica, its ONNX Runtime threads")
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to listen beyond this machine")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=None, help="KServe v2's gRPC service on this port (off unless given; Ray listens on every interface)")
     parser.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE, help="1: no batching")
     parser.add_argument("--batch-wait-timeout-s", type=float, default=BATCH_WAIT_TIMEOUT_S)
     parser.add_argument("--max-ongoing-requests", type=int, default=MAX_ONGOING_REQUESTS)
@@ -44,15 +45,17 @@ def main(argv=None):
         num_cpus=args.num_cpus, max_ongoing_requests=args.max_ongoing_requests, max_body_bytes=args.max_body_bytes, name=args.name,
     )
     name = args.name or os.path.splitext(os.path.basename(args.path))[0]
+    grpc = {} if args.grpc_port is None else {"grpc_options": ortlite.serve.grpc_options(args.grpc_port)}
     own = args.address is None
     ray.init(address=args.address, include_dashboard=False if own else None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": args.host, "port": args.port}, **grpc)
         serve.run(app, name=name, route_prefix=args.route_prefix)
-        print(f"ortlite.serve: {args.path} at http://{args.host}:{args.port}{args.route_prefix}", flush=True)
+        grpc_at = "" if args.grpc_port is None else f", gRPC on port {args.grpc_port}"
+        print(f"ortlite.serve: {args.path} at http://{args.host}:{args.port}{args.route_prefix}{grpc_at}", flush=True)
         stop.wait()
     finally:
         if own:
