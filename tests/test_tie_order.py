@@ -83,7 +83,15 @@ def rows_summed(x, gate, w):
     return (rows.relu() * 3).sum(0), rows.amax(0), rows.t() @ rows
 
 
+def rows_in_a_wider_zero_tensor(x, gate, w):
+    """Rows written into half of a zero tensor (slice_scatter: a slice's gradient), put back."""
+    _, perm = torch.sort(routing(x, gate)[1])
+    wide = torch.slice_scatter(torch.zeros(T * K, 2 * H), x[perm // K], 1, 0, H)
+    return wide[torch.argsort(perm)]
+
+
 UNOBSERVABLE = {
+    "rows written into a zero tensor": rows_in_a_wider_zero_tensor,
     "grouped, inverse by index_put": moe_grouped,
     "argsort of the permutation, offsets of the unsorted ids": moe_argsort_inverse,
     "index_add by token": moe_index_add,
@@ -146,7 +154,15 @@ def leak_first_row(x, gate, w):
     return torch.cat([x[perm // K], x], 0)[0]
 
 
+def leak_rows_over_positions(x, gate, w):
+    """Rows written into half of a tensor whose other half stays where it is."""
+    _, perm = torch.sort(routing(x, gate)[1])
+    wide = torch.slice_scatter(torch.arange(T * K * 2 * H).float().view(T * K, 2 * H), x[perm // K], 1, 0, H)
+    return wide[torch.argsort(perm)]
+
+
 OBSERVABLE = {
+    "rows written over a tensor that stays": leak_rows_over_positions,
     "the permutation": leak_permutation,
     "the sorted rows": leak_rows,
     "a cumulative sum over the rows": leak_cumsum,

@@ -339,6 +339,21 @@ def _split(a: _Analysis, node):
     return tuple(dataclasses.replace(state, axis=axis, permutation=False) for _ in range(pieces))
 
 
+@rule(aten.slice_scatter.default, aten.select_scatter.default)
+def _slice_scatter(a: _Analysis, node):
+    """Rows written into a slice (or an index) of base, along another dim than the rows':
+    base filled with one value, or rows along the same axis."""
+    base, src = node.args[:2]
+    dim = _norm(_arg(node, 2, "dim", 0), _rank(base))
+    bs, ss = a.state(base), a.state(src)
+    if not isinstance(ss, Rows) or not (bs is None or isinstance(bs, Rows)):
+        return TAINT
+    axis = ss.axis + (1 if node.target is aten.select_scatter.default and ss.axis >= dim else 0)
+    if axis == dim or (bs is None and not _uniform(base)) or (bs is not None and bs.axis != axis):
+        return TAINT
+    return Rows(axis, constant=ss.constant and (bs is None or bs.constant))
+
+
 @rule(aten.cat.default)
 def _cat(a: _Analysis, node):
     tensors = node.args[0]
@@ -594,11 +609,26 @@ def _offsets_follow_keys(a: _Analysis, offsets) -> bool:
         return False
     if counts.target is aten.histc.default and not _arg(counts, 2, "min", 0) <= 0:
         return False
+    if counts.target is aten.bincount.default and _arg(counts, 1, "weights") is not None:
+        return False
     counted = _through(counts.args[0])
     sorted_keys = _getitem_of(counted, 0, SORTS)
     if counted is not _through(sort.args[0]) and sorted_keys is not sort:
         return False
-    return _getitem_of(sort.args[0], 1, _NONNEGATIVE_INDICES) is not None
+    return _nonnegative(sort.args[0])
+
+
+def _nonnegative(node, depth: int = 8) -> bool:
+    """Are node's values never negative by construction (indices of a sort, topk, max or
+    argmax, and what views, copies and concatenations make of them)?"""
+    node = _through(node)
+    if not isinstance(node, torch.fx.Node) or depth == 0:
+        return False
+    if node.target in (aten.argmax.default, aten.argmin.default) or _getitem_of(node, 1, _NONNEGATIVE_INDICES) is not None:
+        return True
+    if node.target is aten.cat.default:
+        return all(_nonnegative(t, depth - 1) for t in node.args[0])
+    return False
 
 
 @rule(*_GROUPED_MM)
