@@ -740,3 +740,6 @@ def test_tritonclient_grpc(port, direct):
             assert e.value.status() == f"StatusCode.{code}" and says in e.value.message(), (e.value.status(), e.value.message())
         mlp = client.infer("mlp", [tensor("input", np.ones((2, 16), np.float32))], headers={"application": "mlp"})
         close(torch.tensor(mlp.as_numpy("output")), direct["mlp"](torch.ones(2, 16)))
+        with pytest.raises(InferenceServerException) as e:  # mlp's max_body_bytes is 64 KiB
+            client.infer("mlp", [tensor("input", np.ones((1100, 16), np.float32))], headers={"application": "mlp"})
+        assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "over this server's limit of 65536 (max_body_bytes)" in e.value.message()

@@ -191,7 +191,7 @@ class Replica:
         """KServe v2's paths under the app's route prefix (and its root: POST infers, GET gives
         the model's metadata); any other path, model name or version is a 404, a method a path
         does not take a 405."""
-        path, root = request.url.path, request.scope.get("root_path", "")
+        path, root = request.scope["path"], request.scope.get("root_path", "")
         path = path[len(root) :] if root and path.startswith(root) else path
         path = path[:-1] if path.endswith("/") else path
         route = self.routes.get(path)
@@ -288,6 +288,9 @@ class Replica:
         unknown = self._unknown(request.model_name, request.model_version)
         if unknown:
             return _grpc_error(grpc_context, "NOT_FOUND", unknown, pb.ModelInferResponse())
+        size, limit = request.ByteSize(), self.config["max_body_bytes"]
+        if size > limit:  # (Ray's proxy takes up to RAY_SERVE_GRPC_MAX_MESSAGE_SIZE, 2 GiB)
+            return _grpc_error(grpc_context, "RESOURCE_EXHAUSTED", f"the request is {size} bytes, over this server's limit of {limit} (max_body_bytes)", pb.ModelInferResponse())
         try:
             inference = kserve_grpc.decode(request, served.input_names, served.output_names)
         except BadRequest as e:
