@@ -619,7 +619,15 @@ def _compare(actual, expected) -> tuple[bool, float, str]:
         return False, diff, "; ".join(lines[:3])[:200]
 
 
+def _config_counts_experts(model_type: str) -> bool:
+    try:
+        return is_moe(small_config(model_type), None)
+    except Exception:
+        return False
+
+
 def is_moe(config, model) -> bool:
+    """Mixture of experts: a module whose class is named *Experts*, *MoE* or *Moe*."""
     seen = []
 
     def counts(c):
@@ -632,8 +640,9 @@ def is_moe(config, model) -> bool:
                 return True
         return any(counts(getattr(c, key)) for key in _sub_keys(type(c)) if hasattr(getattr(c, key, None), "to_dict"))
 
-    if counts(config):
-        return True
+    if model is None:  # (before building: the run order of --moe-first)
+        return counts(config)
+    # built: a module of the experts' kind (a config may count experts for layers it does not make)
     return any(re.search(r"Experts|MoE|Moe", type(m).__name__) for m in model.modules())
 
 
@@ -643,7 +652,10 @@ class _Collect(logging.Handler):
         self.messages: list[str] = []
 
     def emit(self, record):
-        message = record.getMessage().splitlines()[0][:200]
+        message = record.getMessage().splitlines()[0]
+        if message.startswith("ortlite: graph with [") and "] runs in torch: " in message:
+            message = "ortlite: a graph failed to compile, runs in torch: " + message.split("] runs in torch: ", 1)[1]
+        message = message[:300]
         if message not in self.messages:
             self.messages.append(message)
 
@@ -736,7 +748,7 @@ def run_one(model_type: str, emit) -> dict:
 
     # torch.compile, static shapes
     step("torch.compile")
-    torch._dynamo.reset()
+    _reset_dynamo()
     backend = ortlite.Backend(ortlite.Options())
     try:
         fast = torch.compile(model, backend=backend)
@@ -754,11 +766,12 @@ def run_one(model_type: str, emit) -> dict:
     row["tc_fallback"] = dict(stats.fallback_ops)
     row["tc_reasons"] = _reasons(backend)
     row["tc_dynamo_graphs"] = _dynamo_graphs()
+    row["tc_breaks"] = _graph_breaks()
     row["tc_whole"] = bool(row.get("tc_right")) and stats.graphs == 1 and not stats.fallback_ops and row["tc_dynamo_graphs"] in (1, None)
 
     # torch.compile, dynamic=True over two batch sizes and lengths
     step("dynamic")
-    torch._dynamo.reset()
+    _reset_dynamo()
     backend = ortlite.Backend(ortlite.Options())
     try:
         fast = torch.compile(model, backend=backend, dynamic=True)
@@ -809,6 +822,23 @@ def _reasons(backend) -> dict:
         for op, why, _ in report.torch_ops:
             out.setdefault(op, str(why)[:160])
     return out
+
+
+def _reset_dynamo() -> None:
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def _graph_breaks() -> list[str]:
+    try:
+        from torch._dynamo.utils import counters
+
+        return [str(why).splitlines()[0][:160] for why in list(counters["graph_break"])[:3]]
+    except Exception:
+        return []
 
 
 def _dynamo_graphs():
@@ -920,26 +950,35 @@ def status(row: dict) -> dict:
 
 
 def cause(row: dict) -> str:
-    """Why a row whose eager forward runs is not right and whole (or AOT right), in short."""
+    """Why a row whose eager forward runs is not right and whole, or not right ahead of time."""
     if row.get("timeout"):
         return f"timeout in {row['timeout']}"
     if row.get("died"):
         return f"died: {row['died']}"
+    parts = []
     if row.get("tc_error"):
-        return f"torch.compile: {row['tc_error']}"
-    if row.get("tc_right") is False:
-        return f"torch.compile wrong: {row.get('tc_wrong', '')}"
-    if row.get("tc_fallback"):
-        op = sorted(row["tc_fallback"], key=lambda o: -row["tc_fallback"][o])[0]
-        why = row.get("tc_reasons", {}).get(op, "")
-        return f"`{op}` in torch ({why})" if why else f"`{op}` in torch"
-    if row.get("tc_graphs", 1) != 1 or row.get("tc_dynamo_graphs") not in (1, None):
-        return f"{row.get('tc_graphs')} graphs ({row.get('tc_dynamo_graphs')} from Dynamo)"
+        parts.append(f"torch.compile: {row['tc_error']}")
+    elif row.get("tc_right") is False:
+        parts.append(f"torch.compile wrong: {row.get('tc_wrong', '')}")
+    elif row.get("tc_fallback"):
+        reasons = row.get("tc_reasons", {})
+        failed = next((w.split("runs in torch: ", 1)[1] for w in row.get("warnings", []) if "a graph failed to compile" in w), None)
+        real = [op for op in row["tc_fallback"] if reasons.get(op) != "graph failed to compile"]
+        if real:
+            op = real[0]
+            parts.append(f"`{op}` in torch ({reasons[op]})" if reasons.get(op) else f"`{op}` in torch")
+        elif failed:
+            parts.append(f"a graph fails to compile: {failed}")
+        else:
+            parts.append(f"`{next(iter(row['tc_fallback']))}` in torch")
+    elif row.get("tc_graphs", 1) != 1 or row.get("tc_dynamo_graphs") not in (1, None):
+        breaks = row.get("tc_breaks") or []
+        parts.append(f"{row.get('tc_dynamo_graphs')} Dynamo graphs" + (f" (graph break: {breaks[0]})" if breaks else ""))
     if row.get("aot_error"):
-        return f"AOT: {row['aot_error']}"
-    if row.get("aot_right") is False:
-        return f"AOT wrong: {row.get('aot_wrong', '')}"
-    return ""
+        parts.append(f"AOT: {row['aot_error'].split(', from File')[0].split(' from File')[0]}")
+    elif row.get("aot_right") is False:
+        parts.append(f"AOT wrong: {row.get('aot_wrong', '')}")
+    return "; ".join(parts)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -1001,17 +1040,15 @@ def markdown(rows: list[dict], summary: dict) -> str:
             why = r.get("build") if r.get("build") != "ok" else r.get("eager")
             why = why or (f"timeout in {r['timeout']}" if r.get("timeout") else r.get("died", ""))
             what = "no build" if r.get("build") != "ok" else "fails"
-            lines.append(f"| {r['model_type']} | {_cell(r.get('moe'))} | {what}: {_md(why, 90)} | | | | | | | | | |")
+            lines.append(f"| {r['model_type']} | {'yes' if r.get('moe') else ''} | {what}: {_md(why, 90)} | | | | | | | | | |")
             continue
-        fallback = ", ".join(f"`{op.replace('aten.', '')}`" for op in sorted(r.get("tc_fallback") or {}))
+        ops = sorted(r.get("tc_fallback") or {}, key=lambda op: (r.get("tc_reasons", {}).get(op) == "graph failed to compile", op))
+        fallback = ", ".join(f"`{op.replace('aten.', '')}`" for op in ops[:3]) + (f" +{len(ops) - 3}" if len(ops) > 3 else "")
         tc_right = _cell(r.get("tc_right")) if "tc_error" not in r else "error"
         dyn = _cell(r.get("dyn_right")) if "dyn_error" not in r else "error"
         aot = _cell(r.get("aot_right")) if "aot_error" not in r else "error"
-        if r.get("timeout"):
-            for name, cell in (("torch.compile", "tc_right"), ("dynamic", "dyn"), ("aot", "aot")):
-                pass
         lines.append(
-            f"| {r['model_type']} | {_cell(r.get('moe'))} | ok | {tc_right} | {_cell(r.get('tc_whole'))} | {_cell(r.get('tc_graphs'))} | {fallback} | "
+            f"| {r['model_type']} | {'yes' if r.get('moe') else ''} | ok | {tc_right} | {_cell(r.get('tc_whole'))} | {_cell(r.get('tc_graphs'))} | {fallback} | "
             f"{dyn} | {_cell(r.get('dyn_graphs'))} | {aot} | {_cell(r.get('tc_seconds'))} | {_cell(r.get('aot_seconds'))} |"
         )
     lines += ["", "Not right, not whole or not right ahead of time, by cause:", ""]
@@ -1040,9 +1077,16 @@ def main(argv=None) -> None:
     parser.add_argument("--markdown", action="store_true", help="print the table and the summary as markdown")
     parser.add_argument("--build-only", action="store_true", help="only build each small model, in this process")
     parser.add_argument("--one", help="one model type in this process; prints its row as JSON lines")
+    parser.add_argument("--resume", action="store_true", help="keep the rows --out already has; run the others")
+    parser.add_argument("--report", action="store_true", help="run nothing: print the markdown of --out")
+    parser.add_argument("--moe-first", action="store_true", help="run the architectures whose small config counts experts first")
     args = parser.parse_args(argv)
     if args.one:
         run_one(args.one, lambda row: print(json.dumps(row, default=str), flush=True))
+        return
+    if args.report:
+        saved = json.load(open(args.out))
+        print(markdown(saved["results"], summarize(saved["results"])))
         return
     names = [n for n in args.only.split(",") if n] or model_types()
     unknown = sorted(set(names) - set(model_types()))
@@ -1058,22 +1102,36 @@ def main(argv=None) -> None:
     import transformers
 
     start = time.perf_counter()
-
-    def progress(row):
-        print(f"{row['model_type']:<28} {row.get('wall_seconds', 0):>6.1f}s  " + (cause(row) if row.get("eager") == "ok" else str(row.get("build") if row.get("build") != "ok" else row.get("eager") or row.get("timeout") or row.get("died")))[:150] if row.get("eager") != "ok" or cause(row) else f"{row['model_type']:<28} {row.get('wall_seconds', 0):>6.1f}s  right, whole, AOT right", file=sys.stderr, flush=True)
-
-    rows = sweep(names, args.timeout, max(1, args.jobs), progress)
-    summary = summarize(rows)
+    done: dict[str, dict] = {}
+    if args.resume and os.path.exists(args.out):
+        done = {r["model_type"]: r for r in json.load(open(args.out))["results"]}
     meta = {
         "date": datetime.date.today().isoformat(),
         "command": "python bench/arch_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "seconds": round(time.perf_counter() - start),
+        "torch": torch.__version__, "transformers": transformers.__version__, "timeout": args.timeout,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"meta": meta, "summary": summary, "results": rows}, f, indent=1, default=str)
-    s = summary
+
+    def save():  # after every row: a sweep cut short keeps what it did (--resume goes on)
+        rows = [done[n] for n in names if n in done]
+        meta["seconds"] = round(time.perf_counter() - start)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump({"meta": meta, "summary": summarize(rows), "results": rows}, f, indent=1, default=str)
+        os.replace(args.out + ".tmp", args.out)
+
+    def progress(row):
+        done[row["model_type"]] = row
+        save()
+        what = cause(row) if row.get("eager") == "ok" else row.get("build") if row.get("build") != "ok" else row.get("eager") or row.get("timeout") or row.get("died")
+        print(f"{row['model_type']:<28} {row.get('wall_seconds', 0):>6.1f}s  {(what or 'right, whole, AOT right')[:150]}", file=sys.stderr, flush=True)
+
+    todo = [n for n in names if n not in done]
+    if args.moe_first:
+        todo.sort(key=lambda n: not _config_counts_experts(n))
+    sweep(todo, args.timeout, max(1, args.jobs), progress)
+    save()
+    rows = [done[n] for n in names if n in done]
+    s = summarize(rows)
     print(
         f"{s['architectures']} architectures, {s['built']} built, {s['eager_runs']} run eagerly; of those torch.compile right "
         f"{s['tc_right_pct']}%, whole {s['whole_pct']}%, AOT right {s['aot_right_pct']}%; MoE {s['moe']}: whole {s['moe_whole']}, "
@@ -1081,7 +1139,7 @@ def main(argv=None) -> None:
     )
     if args.markdown:
         print()
-        print(markdown(rows, summary))
+        print(markdown(rows, s))
 
 
 if __name__ == "__main__":
