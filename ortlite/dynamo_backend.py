@@ -25,7 +25,7 @@ from .frozen import frozen_inputs, sub_frozen, weight_indices
 from .logs import log, warn_once
 from .calibrate import dynamo_graph_inputs, lower_calibrated
 from .lower import LoweringError, NodeNotLowered, lower_graph
-from .lower.tie_order import mark_tie_orders
+from .lower.tie_order import mark_tie_orders, sort_verdicts
 from .options import CALIBRATION_SAMPLES, Options
 from .partition import (
     alias_views_to_torch,
@@ -71,6 +71,7 @@ class GraphReport:
     widened_from: torch.dtype | None = None  # computed in float32 instead of this dtype (ortlite.widen)
     static_convs: list = dataclasses.field(default_factory=list)  # Options.calibration: (module path, lower.qdq.StaticConv)
     calibration_samples: int = 0
+    sorts: list = dataclasses.field(default_factory=list)  # (node, module, lower.tie_order.TieOrder) per sort and topk
 
     @classmethod
     def of(cls, name: str, gm: torch.fx.GraphModule, runners: list, unsupported: dict) -> "GraphReport":
@@ -84,7 +85,7 @@ class GraphReport:
         quantized = [(modules.get(q.origin) or q.origin or q.weight, q) for q in quantized]
         static = [(modules.get(c.origin) or c.origin or c.node, c) for c in static]
         samples = max((getattr(r, "calibration_samples", 0) for r in runners), default=0)
-        return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized, gm.meta.get(WIDENED_FROM), static, samples)
+        return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized, gm.meta.get(WIDENED_FROM), static, samples, sort_verdicts(gm.graph))
 
 
 def _module_path(node: torch.fx.Node) -> str:

@@ -74,6 +74,7 @@ class Explanation:
                 lines += _columns([(where, f"{q.k} x {q.n}", q.kernel) for where, q in g.quantized], indent=4)
             if g.static_convs:
                 lines += _static_rows(g.static_convs, g.calibration_samples)
+            lines += _sort_rows(g.sorts)
             if fusions:
                 for session in g.sessions:
                     made = self.fusions().get(session)
@@ -124,6 +125,7 @@ class CompiledExplanation:
             lines += _columns([(q.origin or q.node, f"{q.k} x {q.n}", q.kernel) for q in lowered.quantized], indent=4)
         if lowered.static_convs:
             lines += _static_rows([(c.origin or c.node, c) for c in lowered.static_convs], lowered.calibration_samples)
+        lines += _sort_rows(lowered.sorts)
         return "\n".join(lines)
 
 
@@ -135,6 +137,16 @@ def _static_rows(convs: list, samples: int) -> list[str]:
     ]
     rows = [("module or node", "out channels / groups", "input range", "output range")]
     rows += [(where, f"{c.channels} / {c.groups}", _span(c.input_range), _span(c.output_range)) for where, c in convs]
+    return lines + _columns(rows, indent=4)
+
+
+def _sort_rows(sorts: list) -> list[str]:
+    """sorts: (node, module, lower.tie_order.TieOrder). Whether equal keys are checked per call
+    (the call then runs the sort in torch) and why (docs/coverage.md, "Sorts with ties")."""
+    if not sorts:
+        return []
+    lines = [f"  sorts and topks ({len(sorts)}; node | module | ties | why):"]
+    rows = [(node, module or "-", "checked per call" if v.checked else f"unchecked: {v.kind}", v.why) for node, module, v in sorts]
     return lines + _columns(rows, indent=4)
 
 

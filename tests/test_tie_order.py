@@ -304,3 +304,14 @@ def test_training_step_proves_on_the_joint_graph():
     for got, expected in zip(params, reference):
         torch.testing.assert_close(got.grad, expected.grad, rtol=1e-4, atol=1e-5)
     assert backend.stats.fallback_ops == {} and backend.stats.graphs == 2
+
+
+def test_explain_says_for_each_sort_whether_ties_are_checked_and_why():
+    args = inputs(0)
+    with torch.no_grad():
+        proven = str(ortlite.explain(moe_grouped, *args))
+        leaking = str(ortlite.explain(leak_permutation, *args))
+    assert "unchecked: tie order unobservable" in proven and "put back in order" in proven
+    assert "checked per call" in leaking and "reaches graph output" in leaking
+    compiled = ortlite.compile(_Wrap(moe_grouped), args)
+    assert "unchecked: tie order unobservable" in str(ortlite.explain(compiled))

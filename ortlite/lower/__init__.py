@@ -23,6 +23,7 @@ from .qdq import fold_batch_norms, observer_outputs, plan, quantize_planned
 from .quantize import add_domain, quantize_products
 from .ops.common import declared_ranges
 from .registry import lowering_for, meta, no_new_guards, shape_env_of, unsupported_reason
+from .tie_order import sort_verdicts
 
 __all__ = ["LoweredGraph", "InputSpec", "OutputSpec", "LoweringError", "NodeNotLowered", "lower_graph", "unsupported_reason"]
 
@@ -105,6 +106,8 @@ class LoweredGraph:
     # input in place: GroupQueryAttention's present key sharing the past key's buffer, see
     # lower.decoder): [(ONNX output name, ONNX input name)]; the runner binds both to it
     inplace: list = dataclasses.field(default_factory=list)
+    # each sort and topk: (node, module or "", lower.tie_order.TieOrder), for ortlite.explain
+    sorts: list = dataclasses.field(default_factory=list)
 
 
 def _scalar_kind(val) -> str | None:
@@ -291,7 +294,7 @@ def _lower_graph(gm, opset, constants, symbol_ranges, stable_ties, hoist_sizes, 
             add_domain(model)
     return LoweredGraph(
         model, inputs, outputs, ort_outputs, returns_tuple, g.node_origin, symbols, ranges, disabled, failures, pattern_key, prelude,
-        quantized=quantized, derived_weights=derived, inplace=inplace, static_convs=static_convs, observed=observed,
+        quantized=quantized, derived_weights=derived, inplace=inplace, static_convs=static_convs, observed=observed, sorts=sort_verdicts(gm.graph),
     )
 
 

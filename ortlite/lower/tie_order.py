@@ -720,3 +720,14 @@ def mark_tie_orders(graph: torch.fx.Graph) -> None:
                 node.meta[TIE_ORDER] = tie_order(node)
             except Exception as e:  # a proof that cannot be made is a check kept, never a failed compile
                 node.meta[TIE_ORDER] = TieOrder("checked", f"no proof ({type(e).__name__}: {e})")
+
+
+def sort_verdicts(graph: torch.fx.Graph) -> list:
+    """(node name, module path or "", TieOrder) for each sort and topk of graph with a verdict."""
+    found = []
+    for node in graph.nodes:
+        verdict = node.meta.get(TIE_ORDER) if node.op == "call_function" else None
+        if verdict is not None:
+            stack = node.meta.get("nn_module_stack") or {}
+            found.append((node.name, next(reversed(stack.values()), ("",))[0] if stack else "", verdict))
+    return found
