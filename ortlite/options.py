@@ -91,12 +91,13 @@ class Options:
     dump_dir: write each compiled graph as .onnx plus its FX graph as text (env ORTLITE_DUMP_DIR).
     check_baseline: also run torch and assert the results match (env ORTLITE_CHECK_BASELINE=1).
     opset: the ONNX opset of the graphs built (>= 18).
-    sort_ties: where the keys of a sort or topk (not stable=True) tie and its indices are
-        used, aten's order of the tied indices is its kernel's (x86-simd-sort, std::sort),
-        which no lowering reproduces. "torch" (default) runs such a call in torch, so the
-        indices are eager's; "stable" orders ties by index in ONNX Runtime: an order aten's
-        contract allows, the values identical, the indices of tied keys possibly not
-        eager's (MoE routers sort expert ids, all ties, and only regroup by them).
+    sort_ties: where the keys of a sort or topk (not stable=True) tie and the order of the
+        tied indices can reach an output, aten's order is its kernel's (x86-simd-sort,
+        std::sort), which no lowering reproduces. "torch" (default) runs such a call in
+        torch, so the indices are eager's; "stable" orders ties by index in ONNX Runtime: an
+        order aten's contract allows, the values identical, the indices of tied keys possibly
+        not eager's. Either way, a sort whose tie order provably cannot reach an output (MoE
+        routing: lower.tie_order) runs in ONNX Runtime unchecked.
     freeze_weights: in inference graphs (torch.compile under no_grad/inference_mode, or
         nothing requiring grad), parameters and buffers become ONNX Runtime initializers,
         watched for changes every call (see ortlite.frozen). False binds them as inputs.
