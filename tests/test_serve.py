@@ -498,6 +498,7 @@ BAD_KSERVE = [
     ("binary_data_output not a bool", json.dumps({"inputs": [], "parameters": {"binary_data_output": 1}}).encode(), None, "binary_data_output must be true or false, got 1"),
     ("classification", json.dumps({"inputs": [], "outputs": [{"name": "output", "parameters": {"classification": 3}}]}).encode(), None, "the classification extension is not supported"),
     ("shared memory", json.dumps({"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "parameters": {"shared_memory_region": "r"}}]}).encode(), None, "shared memory (shared_memory_region) is not supported"),
+    ("datatype not a string", json.dumps({"inputs": [{"name": "input", "shape": [1], "datatype": ["FP32"], "data": [1]}]}).encode(), None, "datatype ['FP32'] is not one of"),
     ("parameters not an object", json.dumps({"inputs": [], "parameters": [1]}).encode(), None, "the request: parameters must be an object"),
 ]
 

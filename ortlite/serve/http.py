@@ -174,7 +174,7 @@ def _kserve(request, names: list[str], binary, output_names) -> Inference:
         shape, datatype = entry["shape"], entry["datatype"]
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise BadRequest(f"input {name!r}: shape must be a list of sizes, got {_short(shape)}")
-        if datatype not in DATATYPES and datatype != BYTES:
+        if not isinstance(datatype, str) or (datatype not in DATATYPES and datatype != BYTES):
             raise BadRequest(f"input {name!r}: datatype {_short(datatype)} is not one of {sorted([*DATATYPES, BYTES])}")
         size = _parameters(entry, f"input {name!r}").get("binary_data_size")
         if size is None:

@@ -92,7 +92,7 @@ def decode(request, names: list[str], output_names: list[str]) -> Inference:
             array[:] = list(data)
             given[name] = array.reshape(shape)
         else:
-            given[name] = _json_tensor(np.asarray(data), shape, datatype, name)
+            given[name] = _json_tensor(list(data), shape, datatype, name)  # Python numbers: out of range is an error, not a wrap
     missing = [n for n in names if n not in given]
     if missing:
         raise BadRequest(f"the request lacks input(s) {missing}; the model's inputs are {names}")
