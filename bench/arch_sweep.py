@@ -1101,6 +1101,7 @@ def main(argv=None) -> None:
     import torch
     import transformers
 
+    transformers.logging.set_verbosity_error()
     start = time.perf_counter()
     done: dict[str, dict] = {}
     if args.resume and os.path.exists(args.out):
