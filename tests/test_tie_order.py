@@ -315,3 +315,31 @@ def test_explain_says_for_each_sort_whether_ties_are_checked_and_why():
     assert "checked per call" in leaking and "reaches graph output" in leaking
     compiled = ortlite.compile(_Wrap(moe_grouped), args)
     assert "unchecked: tie order unobservable" in str(ortlite.explain(compiled))
+
+
+def test_proof_work_is_linear_in_depth():
+    """Each sort's proof visits only the region its order travels (until the rows are put
+    back): the work per layer stays the same however deep the stack of MoE layers."""
+    from ortlite.lower.tie_order import _Analysis
+
+    def stack(depth):
+        def fn(x, gate, w):
+            for _ in range(depth):
+                x = x + moe_grouped(x, gate, w)
+            return x
+
+        return fn
+
+    per_layer = {}
+    for depth in (2, 4, 8):
+        gm = aten_graph(stack(depth), inputs(0))
+        positions = {n: i for i, n in enumerate(gm.graph.nodes)}
+        sorts = [n for n in gm.graph.nodes if n.target is torch.ops.aten.sort.default]
+        assert len(sorts) == depth
+        work = 0
+        for sort in sorts:
+            analysis = _Analysis(sort, positions)
+            assert analysis.run() is None
+            work += analysis.visited
+        per_layer[depth] = work / depth
+    assert per_layer[2] == per_layer[4] == per_layer[8], per_layer

@@ -31,6 +31,7 @@ differ in their last bits, as they already do between ONNX Runtime's kernels and
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import operator
 
 import torch
@@ -151,8 +152,10 @@ def _getitem_of(node, index: int, targets) -> torch.fx.Node | None:
 class _Analysis:
     """The states of the values downstream of one sort."""
 
-    def __init__(self, sort: torch.fx.Node):
+    def __init__(self, sort: torch.fx.Node, positions: dict):
         self.sort = sort
+        self.positions = positions  # node -> its place in the graph's order
+        self.visited = 0  # nodes a rule ran on (the pass's work: tests/test_tie_order.py)
         self.n = _shape(sort.args[0])[0]
         self.states: dict = {}
         self.origins: dict = {}  # a tainted node -> the first node on its path with no rule that keeps track
@@ -164,23 +167,20 @@ class _Analysis:
         return self.states.get(x) if isinstance(x, torch.fx.Node) else None
 
     def run(self) -> str | None:
-        """None when the tie order reaches nothing observable; else what it reaches."""
-        graph = self.sort.graph
-        started = False
-        for node in graph.nodes:
-            if node is self.sort:
-                started = True
-                self.states[node] = self._sorted(node)
-                continue
-            if not started or node.op == "placeholder":
-                continue
+        """None when the tie order reaches nothing observable; else what it reaches. Only
+        the users of values with a state are visited, in graph order (a heap of positions):
+        the work is the region where the order travels, not the rest of the graph."""
+        self.states[self.sort] = self._sorted(self.sort)
+        waiting, queued = [], set()
+        self._queue_users(self.sort, waiting, queued)
+        while waiting:
+            node = heapq.heappop(waiting)[1]
+            self.visited += 1
             read = [a for a in _flat(node.args, node.kwargs) if isinstance(a, torch.fx.Node) and self.states.get(a) is not None]
             if node.op == "output":
                 for a in read:
                     if not _clean(self.states[a]):
                         return f"graph output {a.name}{self._origin(a)}"
-                continue
-            if not read:
                 continue
             fn = _RULES.get(node.target, _RULES.get(str(node.target)))
             state = fn(self, node) if fn is not None else TAINT
@@ -190,7 +190,14 @@ class _Analysis:
                     return f"{node.name} ({node.target}){self._origin(node)}"
             if state is not None:
                 self.states[node] = state
+                self._queue_users(node, waiting, queued)
         return None
+
+    def _queue_users(self, node, waiting: list, queued: set) -> None:
+        for user in node.users:
+            if user not in queued:
+                queued.add(user)
+                heapq.heappush(waiting, (self.positions[user], user))
 
     def _origin(self, node) -> str:
         origin = self.origins.get(node)
@@ -693,8 +700,9 @@ def _indices_used(node) -> bool:
     return any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
 
 
-def tie_order(sort: torch.fx.Node) -> TieOrder:
-    """The verdict for one sort or topk node."""
+def tie_order(sort: torch.fx.Node, positions: dict | None = None) -> TieOrder:
+    """The verdict for one sort or topk node (positions: each node's place in the graph's
+    order, computed once for all the sorts of a graph)."""
     if not _indices_used(sort):
         return TieOrder("indices unused", "only the sorted values are read")
     if sort.target is aten.sort.stable and sort.kwargs.get("stable"):
@@ -705,7 +713,9 @@ def tie_order(sort: torch.fx.Node) -> TieOrder:
         return TieOrder("checked", "keys of more than one dim: no proof tried")
     if sort.target is aten.topk.default and not _same_size(_arg(sort, 1, "k"), _shape(sort.args[0])[0]):
         return TieOrder("checked", "topk of fewer than all keys: ties decide which are chosen")
-    reached = _Analysis(sort).run()
+    if positions is None:
+        positions = {n: i for i, n in enumerate(sort.graph.nodes)}
+    reached = _Analysis(sort, positions).run()
     if reached is None:
         return TieOrder("tie order unobservable", "the rows it orders are put back in order, summed over, or scattered by the same indices before any output")
     return TieOrder("checked", f"the tie order reaches {reached}")
@@ -714,10 +724,12 @@ def tie_order(sort: torch.fx.Node) -> TieOrder:
 def mark_tie_orders(graph: torch.fx.Graph) -> None:
     """Give every sort and topk of graph without a verdict its verdict (node.meta[TIE_ORDER]).
     A verdict from a larger graph (the joint graph of a training step) is kept."""
+    positions = None
     for node in graph.nodes:
         if node.op == "call_function" and node.target in SORTS and TIE_ORDER not in node.meta:
+            positions = positions if positions is not None else {n: i for i, n in enumerate(graph.nodes)}
             try:
-                node.meta[TIE_ORDER] = tie_order(node)
+                node.meta[TIE_ORDER] = tie_order(node, positions)
             except Exception as e:  # a proof that cannot be made is a check kept, never a failed compile
                 node.meta[TIE_ORDER] = TieOrder("checked", f"no proof ({type(e).__name__}: {e})")
 
