@@ -143,3 +143,18 @@ def test_grouped_mm_gradients_match_eager(case, dtype):
         for g_, e_ in zip(got, expected):
             torch.testing.assert_close(g_, e_, rtol=1e-6, atol=1e-6)
     assert backend.stats.fallback_ops == {}
+
+
+@pytest.mark.slow
+def test_moe_static_cache_decode_tokens_equal_eager():
+    """ortlite.decode's static-cache step, compiled ahead of time, with no Options: the
+    routing's sort runs unchecked, and 24 greedy tokens are eager's."""
+    from ortlite.decode import compile_static_cache_step, generate
+
+    m = model(("qwen3_moe", "grouped_mm"))
+    prompt = ids(1, 8)
+    step = compile_static_cache_step(m, 48)
+    tokens = generate(step, prompt, 24)
+    with torch.no_grad():
+        expected = m.generate(prompt, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    assert tokens[0].tolist() == expected[0, prompt.shape[1]:].tolist()
