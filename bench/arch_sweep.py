@@ -147,6 +147,7 @@ class _Context:
     hidden0: int | None  # the default hidden size
     heads0: int | None
     other_hiddens: frozenset = frozenset()  # the default hidden sizes of the other sub-configs
+    scaled: set = dataclasses.field(default_factory=set)  # fields scaled with the hidden size
 
 
 def _partner_heads(name: str, ctx: _Context):
@@ -189,7 +190,7 @@ def _small_value(name: str, v, ctx: _Context):
     if re.search(r"heads?$|heads_per", n) and not re.search(r"dim|size", n):
         return min(v, HEADS)
     if re.search(r"head_dim|head_size|headdim|d_head|dim_head|kv_channels|^qk_.*dim$|^v_.*dim$|rope_dim|rotary_dim|nope", n):
-        return _round_even(v / 8, 4)
+        return _round_even(v / 8, 8)
     if re.search(r"state_size$|d_state$|ssm_state|state_dim$", n):
         return min(v, STATE)
     if re.search(r"conv|kernel", n):
@@ -211,12 +212,13 @@ def _small_value(name: str, v, ctx: _Context):
     if ctx.hidden0 and v > 16 and SIZE_RE.search(n):
         if v == ctx.hidden0:
             return HIDDEN
+        ctx.scaled.add(name)
         return _round_even(v * HIDDEN / ctx.hidden0, 8)
     return v
 
 
 SIZE_RE = re.compile(
-    r"^(?!.*(image|patch|pixel|bucket|channels|vocab|heads?$|experts)).*(size|dim|width|hidden|inner|rank|embd|embed|(^|_|d)ffn?(_|$)|intermediate|proj|d_model|^dim$|lora|latent)"
+    r"^(?!.*(image|patch|pixel|bucket|channels|vocab|heads?$|experts|position)).*(size|dim|d_ssm|width|hidden|inner|rank|embd|embed|(^|_|d)ffn?(_|$)|intermediate|proj|d_model|^dim$|lora|latent)"
 )
 HIDDEN_FIELDS = ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "emb_dim", "embedding_dim", "model_dim", "hidden_dim")
 HEAD_FIELDS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "attention_heads")
@@ -229,7 +231,7 @@ def _keep_products(ctx: _Context, small: dict) -> None:
     expand x hidden, a d_ssm), the small config has it too: the head size is re-derived."""
     raw = ctx.raw
     ints = {k: v for k, v in raw.items() if _is_int(v) and v > 0}
-    totals = {k: (v, small.get(k, v)) for k, v in ints.items()}
+    totals = {k: (v, small.get(k, v)) for k, v in ints.items() if re.search(r"hidden|ssm|inner|d_model|embd|embed_dim", k.lower())}
     for expand in ("expand", "mamba_expand"):
         if _is_int(raw.get(expand)) and ctx.hidden0:
             totals[f"{expand}*hidden"] = (raw[expand] * ctx.hidden0, raw[expand] * HIDDEN)
@@ -237,7 +239,7 @@ def _keep_products(ctx: _Context, small: dict) -> None:
         if not HEAD_DIM_RE.search(d.lower()):
             continue
         prefix = d.split("_")[0]
-        candidates = [h for h in ints if HEAD_COUNT_RE.search(h.lower()) and not HEAD_DIM_RE.search(h.lower())]
+        candidates = [h for h in ints if HEAD_COUNT_RE.search(h.lower()) and not HEAD_DIM_RE.search(h.lower()) and not re.search(r"kv|key", h.lower())]
         candidates.sort(key=lambda h: (h.split("_")[0] != prefix, h))  # same prefix (mamba_, linear_) first
         for h in candidates:
             product = ints[h] * ints[d]
@@ -427,19 +429,21 @@ def _sub_keys(cls) -> list[str]:
     return list(subs or {}) if isinstance(subs, dict) else []
 
 
-def _keep_divisible(raw: dict, changes: dict) -> None:
-    """A size (scaled with the hidden size) that the defaults make a multiple of another field
-    stays one (rounded up)."""
-    for _ in range(3):
-        for a, a0 in raw.items():
-            if a not in changes or not _is_int(a0) or not _is_int(changes[a]) or changes[a] == HIDDEN or not SIZE_RE.search(a.lower()):
+def _keep_divisible(ctx: _Context, changes: dict) -> None:
+    """A size scaled with the hidden size that the defaults make a multiple of another field
+    stays one, rounded up by at most 2x (kolibri1_1's index pool, a multiple of its compression)."""
+    raw = ctx.raw
+    for a in sorted(ctx.scaled):
+        if not _is_int(changes.get(a)):
+            continue
+        for b, b0 in raw.items():
+            if b == a or not _is_int(b0) or b0 < 2 or raw[a] <= b0 or raw[a] % b0:
                 continue
-            for b, b0 in raw.items():
-                if b == a or not _is_int(b0) or b0 < 2 or a0 <= b0 or a0 % b0:
-                    continue
-                b1 = changes.get(b, b0)
-                if _is_int(b1) and b1 >= 2 and changes[a] % b1:
-                    changes[a] = -(-changes[a] // b1) * b1
+            b1 = changes.get(b, b0)
+            if _is_int(b1) and b1 >= 2 and changes[a] % b1:
+                bumped = -(-changes[a] // b1) * b1
+                if bumped <= 2 * changes[a]:
+                    changes[a] = bumped
 
 
 def _get(config, name):
@@ -507,7 +511,7 @@ def _small(cls, given: dict, overrides: dict, token_map: dict, other_hiddens: fr
         if new != v:
             changes[name] = new
     _keep_products(ctx, changes)
-    _keep_divisible(raw, changes)
+    _keep_divisible(ctx, changes)
     final = {k: (v(raw) if callable(v) else v) for k, v in overrides.items() if not k.startswith("_") and not (k in sub_keys and isinstance(v, dict))}
     changes.update(final)
     # sub-configs (text, vision, audio, ...): the default ones, shrunk the same way
@@ -769,6 +773,20 @@ def run_one(model_type: str, emit) -> dict:
     row["tc_breaks"] = _graph_breaks()
     row["tc_whole"] = bool(row.get("tc_right")) and stats.graphs == 1 and not stats.fallback_ops and row["tc_dynamo_graphs"] in (1, None)
 
+    # ahead of time: compiled on ids, called on other ids of the same shape
+    step("aot")
+    try:
+        start = time.perf_counter()
+        with torch.no_grad():
+            compiled = ortlite.compile(model, (), {"input_ids": ids})
+            got = compiled(input_ids=other)
+        row["aot_seconds"] = round(time.perf_counter() - start, 2)
+        row["aot_right"], row["aot_max_diff"], why = _compare(got, expected_other)
+        if why:
+            row["aot_wrong"] = why
+    except Exception as e:
+        row["aot_error"] = _short(e)
+        row["aot_right"] = False
     # torch.compile, dynamic=True over two batch sizes and lengths
     step("dynamic")
     _reset_dynamo()
@@ -797,20 +815,6 @@ def run_one(model_type: str, emit) -> dict:
     row["dyn_dynamo_graphs"] = _dynamo_graphs()
     torch._dynamo.reset()
 
-    # ahead of time: compiled on ids, called on other ids of the same shape
-    step("aot")
-    try:
-        start = time.perf_counter()
-        with torch.no_grad():
-            compiled = ortlite.compile(model, (), {"input_ids": ids})
-            got = compiled(input_ids=other)
-        row["aot_seconds"] = round(time.perf_counter() - start, 2)
-        row["aot_right"], row["aot_max_diff"], why = _compare(got, expected_other)
-        if why:
-            row["aot_wrong"] = why
-    except Exception as e:
-        row["aot_error"] = _short(e)
-        row["aot_right"] = False
     step("done")
     return row
 
@@ -951,9 +955,9 @@ def status(row: dict) -> dict:
 
 def cause(row: dict) -> str:
     """Why a row whose eager forward runs is not right and whole, or not right ahead of time."""
-    if row.get("timeout"):
+    if row.get("timeout") and row["timeout"] != "dynamic":
         return f"timeout in {row['timeout']}"
-    if row.get("died"):
+    if row.get("died") and row.get("step") != "dynamic":
         return f"died: {row['died']}"
     parts = []
     if row.get("tc_error"):
@@ -978,7 +982,26 @@ def cause(row: dict) -> str:
         parts.append(f"AOT: {row['aot_error'].split(', from File')[0].split(' from File')[0]}")
     elif row.get("aot_right") is False:
         parts.append(f"AOT wrong: {row.get('aot_wrong', '')}")
+    elif "aot_right" not in row:
+        parts.append("AOT not reached")
     return "; ".join(parts)
+
+
+def dynamic_cause(row: dict) -> str:
+    """Why dynamic=True is not right in one graph ("" where it is)."""
+    if row.get("timeout") == "dynamic":
+        return "timeout"
+    if row.get("died") and row.get("step") == "dynamic":
+        return f"died: {row['died']}"
+    if row.get("dyn_error"):
+        return row["dyn_error"]
+    if row.get("dyn_right") is False:
+        return f"wrong: {row.get('dyn_wrong', '')}"
+    if row.get("dyn_fallback"):
+        return f"`{next(iter(row['dyn_fallback']))}` in torch"
+    if row.get("dyn_graphs", 1) != 1:
+        return f"{row['dyn_graphs']} graphs"
+    return ""
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -1006,7 +1029,9 @@ def summarize(rows: list[dict]) -> dict:
         "moe_whole": sum(1 for r in moe if r.get("tc_whole")),
         "moe_aot": sum(1 for r in moe if r.get("aot_right")),
         "moe_whole_and_aot": sum(1 for r in moe if r.get("tc_whole") and r.get("aot_right")),
-        "over_60s": [r["model_type"] for r in runs if max(r.get("tc_seconds") or 0, r.get("aot_seconds") or 0) > 60],
+        "over_60s": {r["model_type"]: max(r.get("tc_seconds") or 0, r.get("aot_seconds") or 0, r.get("dyn_seconds") or 0, 300 if r.get("timeout") else 0) for r in runs
+                     if max(r.get("tc_seconds") or 0, r.get("aot_seconds") or 0, r.get("dyn_seconds") or 0) > 60 or r.get("timeout")},
+        "dynamic_not_one_right_graph": {r["model_type"]: dynamic_cause(r) for r in runs if dynamic_cause(r)},
         "not_built": {r["model_type"]: r.get("build") or r.get("timeout") or r.get("died") for r in rows if r.get("build") != "ok"},
         "eager_fails": {r["model_type"]: r.get("eager") or f"timeout in {r.get('timeout')}" or r.get("died") for r in built if r.get("eager") != "ok"},
         "not_right_or_whole": {r["model_type"]: cause(r) for r in runs if not (r.get("tc_right") and r.get("tc_whole") and r.get("aot_right"))},
@@ -1030,26 +1055,26 @@ def markdown(rows: list[dict], summary: dict) -> str:
         f"torch.compile right {s['tc_right']} ({s['tc_right_pct']}%), whole {s['whole']} ({s['whole_pct']}%), "
         f"`ortlite.compile` right {s['aot_right']} ({s['aot_right_pct']}%), `dynamic=True` right {s['dynamic_right']} "
         f"(one graph, nothing in torch: {s['dynamic_one_graph']}). MoE: {s['moe']}, of which whole {s['moe_whole']}, "
-        f"AOT right {s['moe_aot']}, both {s['moe_whole_and_aot']}. Over 60 s to compile: {', '.join(s['over_60s']) or 'none'}.",
+        f"AOT right {s['moe_aot']}, both {s['moe_whole_and_aot']}. Over 60 s to compile (a first call, or timed out): {', '.join(f'{k} ({v:.0f} s)' for k, v in s['over_60s'].items()) or 'none'}.",
         "",
-        "| model type | MoE | eager | tc right | whole | graphs | left to torch | dynamic right | dyn graphs | AOT right | tc s | AOT s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model type | MoE | eager | tc right | whole | graphs | left to torch | AOT right | dynamic right | dyn graphs | tc s | AOT s | dyn s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("build") != "ok" or r.get("eager") != "ok":
             why = r.get("build") if r.get("build") != "ok" else r.get("eager")
             why = why or (f"timeout in {r['timeout']}" if r.get("timeout") else r.get("died", ""))
             what = "no build" if r.get("build") != "ok" else "fails"
-            lines.append(f"| {r['model_type']} | {'yes' if r.get('moe') else ''} | {what}: {_md(why, 90)} | | | | | | | | | |")
+            lines.append(f"| {r['model_type']} | {'yes' if r.get('moe') else ''} | {what}: {_md(why, 90)} | | | | | | | | | | |")
             continue
         ops = sorted(r.get("tc_fallback") or {}, key=lambda op: (r.get("tc_reasons", {}).get(op) == "graph failed to compile", op))
         fallback = ", ".join(f"`{op.replace('aten.', '')}`" for op in ops[:3]) + (f" +{len(ops) - 3}" if len(ops) > 3 else "")
         tc_right = _cell(r.get("tc_right")) if "tc_error" not in r else "error"
-        dyn = _cell(r.get("dyn_right")) if "dyn_error" not in r else "error"
+        dyn = "timeout" if r.get("timeout") == "dynamic" else _cell(r.get("dyn_right")) if "dyn_error" not in r else "error"
         aot = _cell(r.get("aot_right")) if "aot_error" not in r else "error"
         lines.append(
             f"| {r['model_type']} | {'yes' if r.get('moe') else ''} | ok | {tc_right} | {_cell(r.get('tc_whole'))} | {_cell(r.get('tc_graphs'))} | {fallback} | "
-            f"{dyn} | {_cell(r.get('dyn_graphs'))} | {aot} | {_cell(r.get('tc_seconds'))} | {_cell(r.get('aot_seconds'))} |"
+            f"{aot} | {dyn} | {_cell(r.get('dyn_graphs'))} | {_cell(r.get('tc_seconds'))} | {_cell(r.get('aot_seconds'))} | {_cell(r.get('dyn_seconds'))} |"
         )
     lines += ["", "Not right, not whole or not right ahead of time, by cause:", ""]
     by_cause = collections.defaultdict(list)
@@ -1057,6 +1082,13 @@ def markdown(rows: list[dict], summary: dict) -> str:
         by_cause[why].append(mt)
     for why, mts in sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         lines.append(f"- {_md(why, 200)}: {', '.join(mts)}")
+    if s["dynamic_not_one_right_graph"]:
+        lines += ["", "`dynamic=True` not right in one graph:", ""]
+        by_cause = collections.defaultdict(list)
+        for mt, why in s["dynamic_not_one_right_graph"].items():
+            by_cause[why].append(mt)
+        for why, mts in sorted(by_cause.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            lines.append(f"- {_md(why, 200)}: {', '.join(mts)}")
     if s["not_built"]:
         lines += ["", "Not built:", ""] + [f"- {mt}: {_md(why, 200)}" for mt, why in s["not_built"].items()]
     if s["eager_fails"]:
