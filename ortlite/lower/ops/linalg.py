@@ -43,39 +43,6 @@ def mm(g, node, a, b):
     return g.op("MatMul", a, b)
 
 
-def _grouped_mm_check(node):
-    x, weight = arg_val(node, 0), arg_val(node, 1)
-    if x.dtype not in (torch.float32, torch.float64) or weight.dtype != x.dtype:
-        return f"grouped mm of {x.dtype} and {weight.dtype}"
-    k = x.shape[-1]
-    return "an inner dim that may be 0" if may_be_zero(k) else None
-
-
-@lower("transformers.grouped_mm_fallback.default", check=_grouped_mm_check)
-def grouped_mm(g, node, x, weight, offs):
-    """transformers' MoE grouped matmul: rows offs[e-1]:offs[e] of x times weight[e], the
-    rows past offs[-1] zero. A Loop over the experts, each a MatMul of its own rows, as
-    eager's loop of mm does (no per-row copy of the weights)."""
-    offs = g.cast(offs, torch.int64)
-    zero = g.const(0, torch.int64)
-    earlier = g.op("Concat", g.ints([0]), g.op("Slice", offs, g.ints([0]), g.ints([-1])), axis=0)
-    g.fallback_if(any_true(g, g.op("Less", offs, earlier)), "grouped mm offsets that decrease or are negative")
-    columns = weight.shape[-1]
-
-    def body(b, e, done):
-        start, end = b.op("Gather", earlier, e), b.op("Gather", offs, e)
-        rows = b.op("Slice", x, b.op("Unsqueeze", start, b.ints([0])), b.op("Unsqueeze", end, b.ints([0])), b.ints([0]))
-        piece = b.op("MatMul", rows, b.op("Gather", weight, e, axis=0))
-        return [b.const(True), Value(b.op("Concat", done, piece, axis=0), x.dtype, (None, columns))]
-
-    experts = g.op("Gather", g.op("Shape", offs), zero)
-    none_yet = Value(g.op("Expand", g.const(0, x.dtype), g.shape([0, columns])), x.dtype, (0, columns))
-    (done,) = g.loop(experts, None, [none_yet], body)
-    missing = g.op("Sub", g.sym(x.shape[0]), g.op("Gather", g.op("Shape", done), zero))  # rows past offs[-1]
-    pads = g.op("Concat", g.ints([0, 0]), g.op("Unsqueeze", missing, g.ints([0])), g.ints([0]), axis=0)
-    return g.op("Pad", done, pads)
-
-
 def _scaled_sum(g, node, product, bias, beta, alpha):
     """beta * bias + alpha * product, where beta == 0 ignores bias (NaN included). alpha and
     beta may be symbolic (a Value): then beta == 0 is decided per call."""
