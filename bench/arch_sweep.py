@@ -113,7 +113,8 @@ MODEL_OVERRIDES: dict[str, dict] = {
     "cohere_compass_text": {"rope_parameters": _COHERE_COMPASS_ROPE},
     # DbrxAttention reads attn_config.rope_theta, which DbrxAttentionConfig does not define:
     # the default config does not build (the value is not used: rotary reads rope_parameters)
-    "dbrx": {"attn_config": {"rope_theta": 500000.0}},
+    # and clamps q, k, v to attn_config.clip_qkv, which defaults to None: eager raises (8 as DBRX's checkpoints)
+    "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
     # the defaults' layer_types is None and nothing derives it: the model does not build
     "lfm2_moe": {"layer_types": lambda raw: ["full_attention" if i % 4 == 3 else "conv" for i in range(raw["num_hidden_layers"])]},
     # the defaults have indexed-attention layers and no indexer sizes: the model does not build
@@ -137,8 +138,8 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _round_even(x: float, lo: int) -> int:
-    return max(lo, 2 * int(round(x / 2)))
+def _round_to(x: float, multiple: int, lo: int) -> int:
+    return max(lo, multiple * int(round(x / multiple)))
 
 
 @dataclasses.dataclass
@@ -190,7 +191,7 @@ def _small_value(name: str, v, ctx: _Context):
     if re.search(r"heads?$|heads_per", n) and not re.search(r"dim|size", n):
         return min(v, HEADS)
     if re.search(r"head_dim|head_size|headdim|d_head|dim_head|kv_channels|^qk_.*dim$|^v_.*dim$|rope_dim|rotary_dim|nope", n):
-        return _round_even(v / 8, 8)
+        return _round_to(v / 8, 4, 8)
     if re.search(r"state_size$|d_state$|ssm_state|state_dim$", n):
         return min(v, STATE)
     if re.search(r"conv|kernel", n):
@@ -213,7 +214,7 @@ def _small_value(name: str, v, ctx: _Context):
         if v == ctx.hidden0:
             return HIDDEN
         ctx.scaled.add(name)
-        return _round_even(v * HIDDEN / ctx.hidden0, 8)
+        return _round_to(v * HIDDEN / ctx.hidden0, 8, 8)  # (grouped_mm wants 16-byte strides)
     return v
 
 
