@@ -86,14 +86,18 @@ def test_moe_whole_under_torch_compile_across_sizes(key):
 @pytest.mark.slow
 @pytest.mark.parametrize("key", [("qwen3_moe", "grouped_mm"), ("gpt_oss", "grouped_mm")], ids="-".join)
 def test_moe_ahead_of_time_new_inputs_save_and_load(key, tmp_path):
+    """Batch and sequence symbolic: other sizes, other experts, other ties per call."""
+    from torch.export import Dim
+
     m = model(key)
-    compiled = ortlite.compile(m, (ids(1, 12),), {"use_cache": False}, options=ortlite.Options(fallback="error"))
+    sizes = {"input_ids": {0: Dim("batch", min=1, max=8), 1: Dim("length", min=2, max=64)}, "use_cache": None}
+    compiled = ortlite.compile(m, (ids(2, 12),), {"use_cache": False}, dynamic_shapes=sizes, options=ortlite.Options(fallback="error"))
     path = tmp_path / "moe.onnx"
     compiled.save(path)
     loaded = ortlite.load(path)
     with torch.no_grad():
-        for seed in (1, 2):  # new token ids: other experts, other ties
-            x = ids(1, 12, seed=seed)
+        for shape in [(1, 5), (3, 17), (2, 12)]:
+            x = ids(*shape, seed=shape[1])
             expected = m(x, use_cache=False).logits
             torch.testing.assert_close(logits(compiled(x, use_cache=False)), expected, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(logits(loaded(x, use_cache=False)), expected, rtol=1e-4, atol=1e-4)
