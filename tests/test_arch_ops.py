@@ -1,0 +1,98 @@
+"""Ops that kept whole architectures of transformers partly in torch (issue 50, "the other
+eight"): the triangular solve of gated delta-net layers (qwen3_5_text, olmo_hybrid)."""
+
+import pytest
+import torch
+
+import ortlite
+
+from conftest import assert_same, check_fallback, check_lowered
+
+SOLVE = "aten.linalg_solve_triangular.default"
+
+
+def triangular(n, *batch, upper=False, unit=False, dtype=torch.float32, garbage=True):
+    """A well-conditioned triangular matrix (a unit or dominant diagonal), its other triangle
+    holding values eager never reads (NaN and inf among them)."""
+    a = torch.randn(*batch, n, n, dtype=dtype) * 0.3
+    a = a + torch.diag_embed(torch.rand(*batch, n, dtype=dtype) + 1.5) * (0 if unit else 1)
+    keep = torch.triu(torch.ones(n, n, dtype=torch.bool)) if upper else torch.tril(torch.ones(n, n, dtype=torch.bool))
+    if unit:
+        keep &= ~torch.eye(n, dtype=torch.bool)
+    other = torch.full_like(a, float("nan")) if garbage else torch.zeros_like(a)
+    if garbage and n > 2:
+        other[..., 0, -1] = other[..., -1, 0] = float("inf")
+    return torch.where(keep, a, other)
+
+
+def solve(upper, left=True, unit=False):
+    return lambda a, b: torch.linalg.solve_triangular(a, b, upper=upper, left=left, unitriangular=unit)
+
+
+@pytest.mark.parametrize("upper", [False, True])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("unit", [False, True])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_solve_triangular(upper, left, unit, dynamic):
+    fn = solve(upper, left, unit)
+    a = triangular(6, 2, 3, upper=upper, unit=unit)
+    b = torch.randn(2, 3, 6, 4) if left else torch.randn(2, 3, 4, 6)
+    check_lowered(fn, a, b, dynamic=dynamic)
+    check_lowered(fn, a[0], b[:, :1], dynamic=dynamic)  # batch dims broadcast both ways
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_solve_triangular_odd_inputs(dynamic):
+    fn = solve(upper=False)
+    a = triangular(5, 3)
+    check_lowered(fn, a.mT.contiguous().mT, torch.randn(3, 4, 5).mT, dynamic=dynamic)  # non-contiguous both
+    check_lowered(fn, a[:, ::1, :], torch.randn(3, 5, 2)[..., :1], dynamic=dynamic)  # one column
+    check_lowered(fn, triangular(1, 3), torch.randn(3, 1, 7), dynamic=dynamic)  # 1 x 1
+    check_lowered(fn, triangular(5), torch.randn(5, 3, dtype=torch.float32), dynamic=dynamic)  # no batch
+    check_lowered(solve(upper=True, unit=True), triangular(7, upper=True, unit=True, dtype=torch.float64), torch.randn(7, 2, dtype=torch.float64), dynamic=dynamic)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_solve_triangular_empty(dynamic):
+    fn = solve(upper=False)
+    check_lowered(fn, torch.zeros(2, 0, 0), torch.zeros(2, 0, 3), dynamic=dynamic)
+    check_lowered(fn, triangular(4, 2), torch.zeros(2, 4, 0), dynamic=dynamic)
+    check_lowered(fn, torch.zeros(0, 4, 4), torch.zeros(0, 4, 3), dynamic=dynamic)
+
+
+def test_solve_triangular_non_finite_runs_in_torch():
+    # a NaN in B, a zero pivot: trsm spreads inf and NaN in an order of its own
+    fn = solve(upper=False)
+    a, b = triangular(4, garbage=False), torch.randn(4, 2)
+    b[1, 0] = float("nan")
+    check_fallback(fn, a, b, op=SOLVE)
+    a[2, 2] = 0.0
+    check_fallback(fn, a, torch.randn(4, 2), op=SOLVE)
+
+
+def test_solve_triangular_of_half_raises_as_eager():
+    a, b = triangular(3, garbage=False).half(), torch.randn(3, 2).half()
+    with pytest.raises(RuntimeError, match="not implemented for 'Half'"):
+        solve(upper=False)(a, b)
+    with pytest.raises(RuntimeError, match="not implemented for 'Half'"):
+        torch.compile(solve(upper=False), backend=ortlite.Backend())(a, b)
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_solve_triangular_gradients(upper):
+    a0 = triangular(5, 2, upper=upper, garbage=False)
+    b0 = torch.randn(2, 5, 3)
+
+    def step(a, b):
+        x = torch.linalg.solve_triangular(a, b, upper=upper)
+        return (x * torch.linspace(-1, 1, x.numel()).view(x.shape)).sum()
+
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    step(a, b).backward()
+    backend = ortlite.Backend()
+    a1, b1 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    torch.compile(step, backend=backend)(a1, b1).backward()
+    assert_same(a1.grad, a.grad)
+    assert_same(b1.grad, b.grad)
+    assert SOLVE not in backend.stats.fallback_ops, backend.stats.fallback_ops
+    assert backend.stats.graphs == 2  # forward and backward, each in ONNX Runtime
