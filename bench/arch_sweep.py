@@ -6,7 +6,7 @@ a time limit (a timeout is a result), one thread.
 
     python bench/arch_sweep.py                                    # every architecture (hours)
     python bench/arch_sweep.py --only llama,qwen3_moe,gpt_oss --markdown
-    python bench/arch_sweep.py --build-only                       # do the small configs build?
+    python bench/arch_sweep.py --eager-only                       # do the small models build and run eagerly?
     python bench/arch_sweep.py --one llama                        # one, in this process: JSON
 
 Columns per architecture:
@@ -440,9 +440,12 @@ def _keep_divisible(ctx: _Context, changes: dict) -> None:
         for b, b0 in raw.items():
             if b == a or not _is_int(b0) or b0 < 2 or raw[a] <= b0 or raw[a] % b0:
                 continue
+            if not (SIZE_RE.search(b.lower()) or HEAD_DIM_RE.search(b.lower()) or re.search(r"compress|ratio", b.lower())):
+                continue
             b1 = changes.get(b, b0)
             if _is_int(b1) and b1 >= 2 and changes[a] % b1:
-                bumped = -(-changes[a] // b1) * b1
+                step = math.lcm(b1, 8)
+                bumped = -(-changes[a] // step) * step
                 if bumped <= 2 * changes[a]:
                     changes[a] = bumped
 
@@ -693,10 +696,21 @@ def build(model_type: str):
     return model.float().eval(), config
 
 
-def _ids(shape, seed):
+def _ids(shape, seed, config=None):
+    """input_ids of (batch, length); models of several codebooks (musicgen) take a row per
+    codebook of each batch item."""
     import torch
 
+    codebooks = getattr(config, "num_codebooks", None) if config is not None else None
+    if _is_int(codebooks) and codebooks > 1:
+        shape = (shape[0] * codebooks, shape[1])
     return torch.randint(0, VOCAB - RESERVED, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _prepare(model, config) -> None:
+    """What a user calls before a forward: X-MOD's adapters need a language."""
+    if hasattr(model, "set_default_language") and getattr(config, "languages", None):
+        model.set_default_language(config.default_language or config.languages[0])
 
 
 def run_one(model_type: str, emit) -> dict:
@@ -739,7 +753,8 @@ def run_one(model_type: str, emit) -> dict:
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     row["layers"] = getattr(text, "num_hidden_layers", None)
 
-    ids, other = _ids((1, SEQ), 0), _ids((1, SEQ), 1)
+    _prepare(model, config)
+    ids, other = _ids((1, SEQ), 0, config), _ids((1, SEQ), 1, config)
     step("eager")
     try:
         with torch.no_grad():
@@ -796,7 +811,7 @@ def run_one(model_type: str, emit) -> dict:
         fast = torch.compile(model, backend=backend, dynamic=True)
         rights = []
         for i, shape in enumerate(DYNAMIC_SHAPES):
-            x = _ids(shape, 10 + i)
+            x = _ids(shape, 10 + i, config)
             with torch.no_grad():
                 want = model(input_ids=x)
                 start = time.perf_counter()
@@ -855,8 +870,8 @@ def _dynamo_graphs():
         return None
 
 
-def build_only(model_types: list[str]) -> list[dict]:
-    """In this process: does each small config build (and what size is it)?"""
+def eager_only(model_types: list[str]) -> list[dict]:
+    """In this process: does each small model build, and its eager forward run?"""
     import torch
     import transformers
 
@@ -871,9 +886,17 @@ def build_only(model_types: list[str]) -> list[dict]:
             row.update(build="ok", params=sum(p.numel() for p in model.parameters()), moe=is_moe(config, model))
             text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
             row["layers"] = getattr(text, "num_hidden_layers", None)
-            del model
         except Exception as e:
             row["build"] = _short(e, 300)
+        if row["build"] == "ok":
+            try:
+                _prepare(model, config)
+                with torch.no_grad():
+                    model(input_ids=_ids((1, SEQ), 0, config))
+                row["eager"] = "ok"
+            except Exception as e:
+                row["eager"] = _short(e, 300)
+            del model
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -1108,7 +1131,7 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="architectures at a time (each one thread)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "arch_sweep.json"))
     parser.add_argument("--markdown", action="store_true", help="print the table and the summary as markdown")
-    parser.add_argument("--build-only", action="store_true", help="only build each small model, in this process")
+    parser.add_argument("--eager-only", action="store_true", help="only build each small model and run it eagerly, all in this process")
     parser.add_argument("--one", help="one model type in this process; prints its row as JSON lines")
     parser.add_argument("--resume", action="store_true", help="keep the rows --out already has; run the others")
     parser.add_argument("--report", action="store_true", help="run nothing: print the markdown of --out")
@@ -1125,10 +1148,10 @@ def main(argv=None) -> None:
     unknown = sorted(set(names) - set(model_types()))
     if unknown:
         parser.error(f"not causal-LM model types of this transformers: {unknown}")
-    if args.build_only:
-        rows = build_only(names)
-        bad = [r for r in rows if r["build"] != "ok"]
-        print(f"{len(rows) - len(bad)} of {len(rows)} build", file=sys.stderr)
+    if args.eager_only:
+        rows = eager_only(names)
+        built = [r for r in rows if r["build"] == "ok"]
+        print(f"{len(built)} of {len(rows)} build, {sum(r.get('eager') == 'ok' for r in built)} run eagerly", file=sys.stderr)
         return
 
     import torch
