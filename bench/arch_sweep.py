@@ -1,32 +1,38 @@
 """Every causal-LM architecture of the installed transformers, through ortlite: each model type
 of `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` built from its default config shrunk small (a few
-layers, hidden 64, 4 heads, vocabulary 128, 4 experts; random weights), called on `input_ids`
-of shape (1, 12) and compared with eager. Each architecture runs in a process of its own with
-a time limit (a timeout is a result), one thread.
+layers, hidden 64, 4 heads, vocabulary 128, 4 experts; random weights, seed 0, eval mode),
+called on `input_ids` of shape (1, 12) and compared with eager. Each architecture runs in a
+process of its own (`--one`) with a time limit (a timeout is a result), one thread; rows are
+saved to --out as they come, and --resume goes on from a sweep cut short.
 
     python bench/arch_sweep.py                                    # every architecture (hours)
     python bench/arch_sweep.py --only llama,qwen3_moe,gpt_oss --markdown
+    python bench/arch_sweep.py --moe-first --resume               # mixtures of experts first; go on
+    python bench/arch_sweep.py --report                           # the markdown of --out's rows
     python bench/arch_sweep.py --eager-only                       # do the small models build and run eagerly?
-    python bench/arch_sweep.py --one llama                        # one, in this process: JSON
+    python bench/arch_sweep.py --one llama                        # one, in this process: JSON lines
 
-Columns per architecture:
+Columns per architecture, in the order they run:
   eager      the eager forward runs (or its error)
   tc         torch.compile(backend=ortlite.Backend(ortlite.Options())) under no_grad: logits equal
-             eager's (rtol 1e-4, atol 1e-4 x max |logit|); whole: one graph, nothing left to
-             torch; its graphs and the aten ops left to torch
-  dynamic    torch.compile(..., dynamic=True) on (2, 12) then (3, 16): right, graphs
+             eager's (rtol 1e-4, atol 1e-4 x max |logit|); whole: one Dynamo graph, one ONNX
+             Runtime graph, nothing left to torch; its graphs and the aten ops left to torch
   aot        ortlite.compile(model, kwargs={"input_ids": ids}) then called on other ids of
              the same shape: right
-  seconds    torch.compile's first call; ortlite.compile plus its first call
-  moe        the config counts experts, or a module's class is named *Experts*/*MoE*/*Moe*
+  dynamic    torch.compile(..., dynamic=True) on (2, 12) then (3, 16): right, graphs (last:
+             the slowest to compile, a timeout there keeps the columns before it)
+  seconds    first calls of torch.compile and of dynamic=True; ortlite.compile plus its first call
+  moe        a module's class is named *Experts*, *MoE* or *Moe*
 
 The small config: the config class's defaults, every field shrunk by its name (sizes scaled with
-the hidden size, head sizes by 8, counts of heads, experts, groups and windows clamped, token
-ids moved inside the small vocabulary), sub-configs (text, vision, audio) shrunk the same way,
-then as few layers as keep every kind of layer the defaults have (per-layer lists, layer index
-lists, periods, dense-first counts, shared-KV tails), with relations the defaults hold between
-head counts and head sizes kept. A few attributes need a value by name (ATTRIBUTE_OVERRIDES);
-model types that need anything of their own are in MODEL_OVERRIDES, each with its reason.
+the hidden size to multiples of 8, head sizes by 8, counts of heads, experts, groups, windows and
+chunks clamped, token ids moved inside the small vocabulary), sub-configs (text, vision, audio)
+shrunk the same way, then as few layers as keep every kind of layer the defaults have (per-layer
+lists, layer index lists, cycles, periods, dense-first counts, shared-KV tails, per-layer
+overrides), with the products the defaults hold between head counts and head sizes kept.
+Fields the defaults leave None where the model needs a value are filled (NONE_FILLS); a few
+attributes need a value by name (ATTRIBUTE_OVERRIDES); model types that need anything of their
+own are in MODEL_OVERRIDES, each with its reason.
 """
 
 from __future__ import annotations
