@@ -317,11 +317,8 @@ def _qwen2_moe():
     )
 
 
-# MoE routers sort expert ids (all ties) and use the order only to group tokens and put
-# them back: the model's output does not depend on the order of ties, so these run whole
-# with ties ordered by index (see Options.sort_ties); with the default they run in torch.
-for _moe in ("mixtral", "qwen2_moe"):
-    ZOO[_moe].options = {"sort_ties": "stable"}
+# (mixtral and qwen2_moe sort expert ids, all ties, and put the rows back: with no options,
+# their sorts run unchecked in ONNX Runtime, lower/tie_order.py)
 
 
 # encoder-decoders
