@@ -96,3 +96,48 @@ def test_solve_triangular_gradients(upper):
     assert_same(b1.grad, b.grad)
     assert SOLVE not in backend.stats.fallback_ops, backend.stats.fallback_ops
     assert backend.stats.graphs == 2  # forward and backward, each in ONNX Runtime
+
+
+# -- bfloat16 read into float32 graphs (recurrent_gemma's normalizer) ---------------------
+
+
+class Normalized(torch.nn.Module):
+    """recurrent_gemma's embedding scale: a bfloat16 buffer of a float32 model."""
+
+    def __init__(self):
+        super().__init__()
+        self.normalizer = torch.nn.Buffer(torch.tensor(64**0.5, dtype=torch.bfloat16), persistent=False)
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x * self.normalizer.type(x.dtype))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_bfloat16_weight_read_into_float32_graph(dynamic):
+    model = Normalized()
+    x = torch.randn(3, 5, 4)
+    with torch.no_grad():
+        check_lowered(model, x, dynamic=dynamic)
+        check_lowered(model, x[:, ::2], dynamic=dynamic)  # non-contiguous
+        check_lowered(model, torch.zeros(0, 5, 4), dynamic=dynamic)  # empty
+        compiled = ortlite.compile(model, (x,))  # torch.export's metadata assert of the buffer too
+        assert_same(compiled(x * 2), model(x * 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bfloat16_input_read_as_float(dtype):
+    x = (torch.randn(3, 4) * 100).bfloat16()
+    check_lowered(lambda x: x.to(dtype) * 3 + 1, x)
+    check_lowered(lambda x: x.to(dtype).sum(), x[:, 1])  # non-contiguous
+    check_lowered(lambda x: x.to(dtype) * 3, x[0, 0])  # 0-d
+
+
+def test_bfloat16_arithmetic_and_lone_casts_stay_in_torch():
+    x = torch.randn(3, 4).bfloat16()
+    # a cast of a value torch computed in bfloat16: the graph's bfloat16 part stays torch's
+    check_fallback(lambda x: (x * 2).float() + 1, x, op="aten._to_copy.default")
+    # a cast read by nothing that lowers: no session of its own for it
+    check_fallback(lambda x: x.float(), x, op="aten._to_copy.default")
+    # narrowing is rounding: not a read
+    check_fallback(lambda x: (x.float() + 1).bfloat16(), x, op="aten._to_copy.default")

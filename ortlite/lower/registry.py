@@ -126,6 +126,25 @@ def _float32_cast(node: torch.fx.Node) -> bool:
     return node.meta.get(WIDENING_CAST, False)
 
 
+_BFLOAT16_READS = {"aten._to_copy.default", "prims.convert_element_type.default"}
+
+
+def _bfloat16_read(node: torch.fx.Node) -> bool:
+    """A bfloat16 graph input or weight read exactly into a graph that computes in float32 or
+    float64: its cast to one of them (every bfloat16 is such a float; ONNX Cast is exact),
+    read by a node that lowers (recurrent_gemma's bfloat16 normalizer, a buffer of a float32
+    model); or torch.export's assert of its metadata, which computes nothing. Such a node adds
+    no session: it joins its reader's."""
+    if str(node.target) == "aten._assert_tensor_metadata.default":
+        return True
+    source, out = (node.args[0] if node.args else None), meta(node)
+    if str(node.target) not in _BFLOAT16_READS or not isinstance(source, torch.fx.Node) or source.op not in ("placeholder", "get_attr"):
+        return False
+    if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.float64) or getattr(meta(source), "dtype", None) != torch.bfloat16:
+        return False
+    return any(user.op == "call_function" and not _bfloat16_read(user) and unsupported_reason(user) is None for user in node.users)
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when ortlite can lower this node exactly; else why not."""
     lowering = lowering_for(node.target)
@@ -144,7 +163,7 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             devices.add(t.device)
     if len(devices) > 1:
         return "mixed devices"
-    if bf16 and all(d.type == "cpu" for d in devices) and not _float32_cast(node):
+    if bf16 and all(d.type == "cpu" for d in devices) and not _float32_cast(node) and not _bfloat16_read(node):
         # (its missing kernels would leave the arithmetic to torch node by node, and the data
         # movement between them in sessions of their own: copies torch's views do not make)
         return "bfloat16 on CPU: ONNX Runtime's CPU provider has almost no bfloat16 kernels; torch runs it (Options(quantize=...) runs such graphs in float32)"
