@@ -133,12 +133,14 @@ def _bfloat16_read(node: torch.fx.Node) -> bool:
     """A bfloat16 graph input or weight read exactly into a graph that computes in float32 or
     float64: its cast to one of them (every bfloat16 is such a float; ONNX Cast is exact),
     read by a node that lowers (recurrent_gemma's bfloat16 normalizer, a buffer of a float32
-    model); or torch.export's assert of its metadata, which computes nothing. Such a node adds
-    no session: it joins its reader's."""
-    if str(node.target) == "aten._assert_tensor_metadata.default":
-        return True
+    model); or torch.export's assert of the metadata of a value read so, which computes
+    nothing. Such a node adds no session: it joins its reader's."""
     source, out = (node.args[0] if node.args else None), meta(node)
-    if str(node.target) not in _BFLOAT16_READS or not isinstance(source, torch.fx.Node) or source.op not in ("placeholder", "get_attr"):
+    if not isinstance(source, torch.fx.Node) or source.op not in ("placeholder", "get_attr"):
+        return False
+    if str(node.target) == "aten._assert_tensor_metadata.default":
+        return any(str(user.target) in _BFLOAT16_READS and _bfloat16_read(user) for user in source.users)
+    if str(node.target) not in _BFLOAT16_READS:
         return False
     if not isinstance(out, torch.Tensor) or out.dtype not in (torch.float32, torch.float64) or getattr(meta(source), "dtype", None) != torch.bfloat16:
         return False
