@@ -88,7 +88,10 @@ def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: list, weights: set[int]
         if i not in weights or info.mutates_data or info.mutates_metadata or not freezable(t):
             continue
         static = isinstance(val, torch.Tensor) and all(type(d) is int for d in val.shape)  # comparing a SymInt would guard
-        if static and val.dtype == t.dtype and tuple(val.shape) == tuple(t.shape) and placeholders[i].users:
+        # (a weight the graph only returns, as is, is no initializer: ONNX Runtime drops one that
+        # no node reads, and then cannot be given its value: ctrl's pos_encoding, reassigned)
+        read = any(user.op != "output" for user in placeholders[i].users)
+        if static and val.dtype == t.dtype and tuple(val.shape) == tuple(t.shape) and read:
             result[i] = t
     return result
 

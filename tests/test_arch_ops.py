@@ -141,3 +141,34 @@ def test_bfloat16_arithmetic_and_lone_casts_stay_in_torch():
     check_fallback(lambda x: x.float(), x, op="aten._to_copy.default")
     # narrowing is rounding: not a read
     check_fallback(lambda x: (x.float() + 1).bfloat16(), x, op="aten._to_copy.default")
+
+
+# -- a weight a graph only returns (ctrl's pos_encoding, reassigned in forward) -------------
+
+
+class Reassigned(torch.nn.Module):
+    """ctrl: `self.pos_encoding = self.pos_encoding.to(device, dtype)` in forward. Dynamo
+    breaks the graph there (nn.Buffer's `persistent`); the graph before returns the buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Buffer(torch.randn(8, 4), persistent=False)
+        self.scale = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        y = x * self.scale
+        self.table = self.table.to(device=x.device, dtype=x.dtype)
+        return y + self.table[: x.shape[0]]
+
+
+def test_weight_only_returned_is_not_frozen():
+    model = Reassigned()
+    x = torch.randn(3, 4)
+    backend = ortlite.Backend()
+    with torch.no_grad():
+        expected = model(x)
+        fast = torch.compile(model, backend=backend)
+        assert_same(fast(x), expected)
+        assert_same(fast(x), expected)
+    assert backend.stats.fallback_ops == {}, backend.stats.fallback_ops
+    assert backend.stats.frozen >= 1  # the scale, read by the product, still is
