@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from . import complex as complex_ops
 from .lower.ops import random
 from .lower.registry import LOWERINGS
 
@@ -24,15 +25,17 @@ def _without_lowered(table) -> dict:
 @functools.cache
 def decomposition_table(random_ops: str = "torch") -> dict:
     """Core ATen decompositions, minus the ops ortlite lowers whole (ORT runs them faster
-    as one node: gelu, native_layer_norm, _softmax, addmm, ...), plus those of random ops
-    that Options.random picks (random_ops: its value; see RANDOM). For aot_autograd, which
+    as one node: gelu, native_layer_norm, _softmax, addmm, ...), plus complex arithmetic as
+    real (ortlite.complex) and those of random ops that Options.random picks (random_ops:
+    its value; see RANDOM). For aot_autograd, which
     decomposes CompositeImplicitAutograd ops itself: only the post-autograd part, built in
     milliseconds (the full table takes ~0.25 s, a third of a first call)."""
     try:
         from torch._decomp import _core_aten_decompositions_post_autograd as post_autograd
     except ImportError:
         from torch._decomp import core_aten_decompositions as post_autograd
-    return {**_without_lowered(post_autograd()), **RANDOM[random_ops]}
+    table = {**_without_lowered(post_autograd()), **RANDOM[random_ops]}
+    return {**table, **complex_ops.chained(table)}  # complex arithmetic as real (ortlite.complex)
 
 
 def _dropout_drawn_by_torch(x, p, train):
@@ -95,4 +98,5 @@ def export_decomposition_table() -> dict:
     CompositeImplicitAutograd entries."""
     from torch._decomp import core_aten_decompositions
 
-    return _without_lowered(core_aten_decompositions())
+    table = _without_lowered(core_aten_decompositions())
+    return {**table, **complex_ops.chained(table)}

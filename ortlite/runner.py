@@ -30,9 +30,10 @@ def _device_index(device: torch.device | None) -> int:
 
 def output_template(dtype: torch.dtype, shape: tuple, device: torch.device) -> torch.Tensor:
     """A tensor whose empty_like is a fresh contiguous output buffer: an expanded scalar
-    costs no memory; a real tensor only if empty_like would not give contiguous strides."""
+    costs no memory; a real tensor only if empty_like would not give contiguous strides
+    (an empty one's strides are 0, eager's are contiguous: view_as_complex refuses 0)."""
     template = torch.empty((), dtype=dtype, device=device).expand(shape)
-    if not torch.empty_like(template).is_contiguous():
+    if template.numel() == 0 or not torch.empty_like(template).is_contiguous():
         template = torch.empty(shape, dtype=dtype, device=device)
     return template
 

@@ -172,3 +172,122 @@ def test_weight_only_returned_is_not_frozen():
         assert_same(fast(x), expected)
     assert backend.stats.fallback_ops == {}, backend.stats.fallback_ops
     assert backend.stats.frozen >= 1  # the scale, read by the product, still is
+
+
+# -- complex arithmetic as real (llama4's and deepseek_v2's rotary embeddings) --------------
+
+
+def as_complex(x):
+    return torch.view_as_complex(x.float().reshape(*x.shape[:-1], x.shape[-1] // 2, 2))
+
+
+def rope(xq, freqs):
+    """llama4's rotary embedding: polar, a product by a number, a complex product."""
+    cis = torch.polar(torch.ones_like(freqs), freqs) * 0.7
+    return torch.view_as_real(as_complex(xq) * cis[:, :, None, :]).flatten(3)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_complex_rotary(dynamic):
+    xq, freqs = torch.randn(2, 5, 3, 8), torch.randn(2, 5, 4) * 20
+    check_lowered(rope, xq, freqs, dynamic=dynamic)
+    check_lowered(rope, xq[:, :, :, :4], freqs[..., :2], dynamic=dynamic)  # non-contiguous
+    check_lowered(rope, torch.zeros(0, 5, 3, 8), torch.zeros(0, 5, 4), dynamic=dynamic)  # empty
+
+
+COMPLEX_OPS = {
+    "product": lambda a, b: as_complex(a) * as_complex(b),
+    "by real": lambda a, b: as_complex(a) * b[..., ::2],
+    "by number": lambda a, b: as_complex(a) * 2.5,
+    "by complex number": lambda a, b: as_complex(a) * (0.5 - 2j),
+    "sum": lambda a, b: as_complex(a) + as_complex(b),
+    "difference, alpha": lambda a, b: torch.sub(as_complex(a), as_complex(b), alpha=3),
+    "real plus": lambda a, b: b[..., 1::2] + as_complex(a),
+    "negation": lambda a, b: -as_complex(a),
+    "complex": lambda a, b: torch.complex(a[..., ::2], b[..., 1::2]) * as_complex(b),
+    "cat": lambda a, b: torch.cat([as_complex(a), as_complex(b)], dim=-2),
+    "views": lambda a, b: as_complex(a).permute(1, 0, 2).select(0, 1)[:, None].expand(-1, 3, -1).squeeze(-1) * as_complex(b)[0],
+    "reshape": lambda a, b: as_complex(a).reshape(-1) * as_complex(b).flatten(),
+}
+
+
+@pytest.mark.parametrize("op", COMPLEX_OPS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_complex_ops_as_real(op, dynamic):
+    fn = COMPLEX_OPS[op]
+    a, b = torch.randn(4, 3, 6), torch.randn(4, 3, 6)
+    check_lowered(lambda a, b: torch.view_as_real(fn(a, b)), a, b, dynamic=dynamic)
+
+
+def test_complex_non_finite_as_eager():
+    # eager promotes a real operand to (x, 0): an infinite imaginary part times 0 is NaN
+    a = torch.tensor([[1.0, float("inf")], [float("nan"), 2.0], [float("inf"), -0.0], [3.0, 4.0]])
+    b = torch.tensor([2.0, float("inf"), 0.0, float("-inf")])
+    for fn in (lambda a, b: as_complex(a) * b, lambda a, b: as_complex(a) * as_complex(a), lambda a, b: as_complex(a) * 0.0):
+        check_lowered(lambda a, b: torch.view_as_real(fn(a, b)), a, b)
+    check_lowered(lambda m, t: torch.view_as_real(torch.polar(m, t)), b.abs(), torch.tensor([0.0, 1e4, float("inf"), -3.0]))
+
+
+def test_empty_outputs_have_eager_strides():
+    # (they were all 0: torch's view_as_complex of ONNX Runtime's empty pairs refused them)
+    x = torch.zeros(0, 10, 3, 2)
+    assert check_lowered(lambda x: x * 2 + 1, x) and torch.compile(lambda x: x * 2 + 1, backend=ortlite.Backend())(x).stride() == (60, 6, 2, 1)
+    check_fallback(lambda a, b: as_complex(a) * as_complex(b), torch.zeros(0, 1, 6), torch.zeros(0, 10, 6), op="aten.view_as_complex.default")
+
+
+def test_complex_0d():
+    check_lowered(lambda x: torch.view_as_real(torch.view_as_complex(x) * (1 + 2j)), torch.tensor([3.0, -1.0]))
+
+
+def test_complex_values_leaving_the_graph_stay_in_torch():
+    a = torch.randn(4, 6)
+    # a complex result: its last view_as_complex is torch's; the product's arithmetic is not
+    check_fallback(lambda a: as_complex(a) * as_complex(a), a, op="aten.view_as_complex.default")
+    # an op of complex values not decomposed (abs): torch's, and so is the value it reads
+    check_fallback(lambda a: (as_complex(a) * 2).abs(), a, op="aten.view_as_complex.default")
+    # a complex argument: torch makes its pairs
+    backend = check_fallback(lambda c: torch.view_as_real(c * c), torch.randn(3, dtype=torch.complex64), op="aten.view_as_real.default")
+    assert backend.stats.graphs == 1
+
+
+def test_complex_rotary_gradients():
+    xq0, freqs = torch.randn(2, 5, 3, 8), torch.randn(2, 5, 4)
+
+    def loss(xq):
+        out = rope(xq, freqs)
+        return (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+
+    xq = xq0.clone().requires_grad_()
+    loss(xq).backward()
+    fast = xq0.clone().requires_grad_()
+    backend = ortlite.Backend()
+    torch.compile(loss, backend=backend)(fast).backward()
+    assert_same(fast.grad, xq.grad)
+
+
+def test_llama4_rotary_of_transformers():
+    from transformers import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextRotaryEmbedding, apply_rotary_emb
+
+    config = Llama4TextConfig(hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=1, intermediate_size=64)
+    rotary = Llama4TextRotaryEmbedding(config)
+
+    def attention_inputs(q, k, positions):
+        return apply_rotary_emb(q, k, rotary(q, positions))
+
+    q, k = torch.randn(1, 7, 4, 16), torch.randn(1, 7, 2, 16)
+    positions = torch.arange(7)[None] + 3
+    check_lowered(attention_inputs, q, k, positions)
+    check_lowered(attention_inputs, q, k, positions, dynamic=True)
+    with torch.no_grad():
+        compiled = ortlite.compile(_Module(attention_inputs), (q, k, positions))
+        assert_same(compiled(q * 2, k, positions + 5), attention_inputs(q * 2, k, positions + 5))
+
+
+class _Module(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)

@@ -33,6 +33,10 @@ from .builder import TORCH_TO_ONNX
 class Lowering:
     fn: Callable
     check: Callable[[torch.fx.Node], str | None] | None
+    complex_pairs: bool = False  # takes or gives complex values, as ONNX real pairs (ortlite.complex)
+
+
+COMPLEX_PAIRS = (torch.complex64, torch.complex128)
 
 
 LOWERINGS: dict[object, Lowering] = {}  # by OpOverload; custom ops of libraries ortlite does not import by name
@@ -47,14 +51,16 @@ def lowering_for(target) -> Lowering | None:
     return lowering
 
 
-def lower(*targets, check: Callable[[torch.fx.Node], str | None] | None = None):
-    """Register a lowering (see the module docstring)."""
+def lower(*targets, check: Callable[[torch.fx.Node], str | None] | None = None, complex_pairs: bool = False):
+    """Register a lowering (see the module docstring). complex_pairs: its complex values are
+    ONNX real values of one more dim, (real, imaginary) last, as view_as_real has them; its
+    check keeps them from crossing into or out of ONNX Runtime."""
 
     def register(fn):
         for target in targets:
             if target in LOWERINGS:
                 raise RuntimeError(f"two lowerings registered for {target}")
-            LOWERINGS[target] = Lowering(fn, check)
+            LOWERINGS[target] = Lowering(fn, check, complex_pairs)
         return fn
 
     return register
@@ -157,7 +163,7 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     devices, bf16 = set(), False
     for t in node_tensors(node):
         bf16 |= t.dtype == torch.bfloat16
-        if t.dtype not in TORCH_TO_ONNX:
+        if t.dtype not in TORCH_TO_ONNX and not (lowering.complex_pairs and t.dtype in COMPLEX_PAIRS):
             return f"dtype {t.dtype}"
         if t.layout != torch.strided:
             return f"layout {t.layout}"

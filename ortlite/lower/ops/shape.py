@@ -165,6 +165,26 @@ def lift_fresh_copy(g, node, x):
     return g.op("Identity", x)
 
 
+def _complex_pairs_check(node):
+    """Complex values stay inside the graph ONNX Runtime runs (it has no complex dtype):
+    a view_as_complex only view_as_reals read, a view_as_real of such a view_as_complex (what
+    ortlite.complex's decompositions leave of complex arithmetic)."""
+    if node.target is aten.view_as_complex.default:
+        if not node.users or any(user.target is not aten.view_as_real.default for user in node.users):
+            return "a complex value read by ops other than view_as_real (complex values do not enter ONNX Runtime)"
+        return None
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node) or source.target is not aten.view_as_complex.default:
+        return "a complex value made in torch (complex values do not enter ONNX Runtime)"
+    return _complex_pairs_check(source)
+
+
+@lower(aten.view_as_complex.default, aten.view_as_real.default, check=_complex_pairs_check, complex_pairs=True)
+def complex_pairs(g, node, x):
+    """The same real pairs: ONNX holds a complex value as view_as_real has it."""
+    return g.op("Identity", x)
+
+
 @lower(torch.ops.prims.convert_element_type.default)
 def convert_element_type(g, node, x, dtype):
     return g.op("Identity", g.cast(x, out_dtype(node)))
