@@ -25,6 +25,7 @@ from .frozen import frozen_inputs, sub_frozen, weight_indices
 from .logs import log, warn_once
 from .calibrate import dynamo_graph_inputs, lower_calibrated
 from .lower import LoweringError, NodeNotLowered, lower_graph
+from .lower.registry import module_path
 from .lower.tie_order import mark_tie_orders, sort_verdicts
 from .options import CALIBRATION_SAMPLES, Options
 from .partition import (
@@ -81,17 +82,11 @@ class GraphReport:
         providers = sorted({p for r in runners for p in r.providers})
         quantized = [q for r in runners for q in getattr(r, "quantized", ())]
         static = [c for r in runners for c in getattr(r, "static_convs", ())]
-        modules = {n.name: _module_path(n) for n in calls} if quantized or static else {}
+        modules = {n.name: module_path(n) for n in calls} if quantized or static else {}
         quantized = [(modules.get(q.origin) or q.origin or q.weight, q) for q in quantized]
         static = [(modules.get(c.origin) or c.origin or c.node, c) for c in static]
         samples = max((getattr(r, "calibration_samples", 0) for r in runners), default=0)
         return cls(name, dict(ort), left, [r.name for r in runners], providers, quantized, gm.meta.get(WIDENED_FROM), static, samples, sort_verdicts(gm.graph))
-
-
-def _module_path(node: torch.fx.Node) -> str:
-    """The module a node came from (e.g. "L['self'].encoder.layer.0.output.dense"), or ""."""
-    stack = node.meta.get("nn_module_stack") or {}
-    return next(reversed(stack.values()), ("",))[0] if stack else ""
 
 
 # A symbolic size whose expression tree has at least NESTED_SIZE_NODES nodes, NESTED_SIZE_RATIO

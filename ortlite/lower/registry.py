@@ -66,6 +66,12 @@ def lower(*targets, check: Callable[[torch.fx.Node], str | None] | None = None, 
     return register
 
 
+def module_path(node: torch.fx.Node) -> str:
+    """The module a node came from (e.g. "L['self'].encoder.layer.0.output.dense"), or ""."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return next(reversed(stack.values()), ("",))[0] if stack else ""
+
+
 def meta(node) -> object:
     """The meta value (FakeTensor, SymInt, number, tuple) of an FX node, or the value itself."""
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
