@@ -38,6 +38,8 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .registry import module_path
+
 aten = torch.ops.aten
 
 TIE_ORDER = "ortlite_tie_order"  # node.meta key: a TieOrder
@@ -600,13 +602,19 @@ def _scatter_add(a: _Analysis, node):
     return TAINT
 
 
+def _descending(sort) -> bool:
+    """A sort's descending argument (positional in sort.default, a keyword in sort.stable)."""
+    if sort.target is aten.sort.default and len(sort.args) > 2:
+        return bool(sort.args[2])
+    return bool(sort.kwargs.get("descending", False))
+
+
 def _offsets_follow_keys(a: _Analysis, offsets) -> bool:
     """Are grouped-mm offsets the cumulative counts of the sort's keys, so that each group
     boundary falls between two different keys (ascending sort, keys ≥ the histogram's low
     edge: a nonnegative index, e.g. topk's)? Then a tie group lies inside one group."""
     sort = a.sort
-    descending = _arg(sort, 2 if sort.target is aten.sort.default else 99, "descending", False)
-    if sort.target is aten.topk.default or descending:
+    if sort.target is aten.topk.default or _descending(sort):
         return False
     cumsum = _through(offsets)
     if not (isinstance(cumsum, torch.fx.Node) and cumsum.target is aten.cumsum.default and _norm(cumsum.args[1], 1) == 0):
@@ -661,8 +669,7 @@ def _sort_of_rows(a: _Analysis, node):
     """A sort of the first sort's indices (argsort(perm)): distinct keys, and its indices are
     the inverse permutation."""
     state = a.states[node.args[0]]
-    descending = node.target is not aten.topk.default and _arg(node, 2 if node.target is aten.sort.default else 99, "descending", False)
-    if isinstance(state, Rows) and state.permutation and _rank(node.args[0]) == 1 and node.target is not aten.topk.default and not descending:
+    if isinstance(state, Rows) and state.permutation and _rank(node.args[0]) == 1 and node.target is not aten.topk.default and not _descending(node):
         return (None, Inverse(permutation=True))
     return TAINT
 
@@ -740,6 +747,5 @@ def sort_verdicts(graph: torch.fx.Graph) -> list:
     for node in graph.nodes:
         verdict = node.meta.get(TIE_ORDER) if node.op == "call_function" else None
         if verdict is not None:
-            stack = node.meta.get("nn_module_stack") or {}
-            found.append((node.name, next(reversed(stack.values()), ("",))[0] if stack else "", verdict))
+            found.append((node.name, module_path(node), verdict))
     return found
