@@ -193,7 +193,7 @@ def test_which_products_are_quantized():
     assert ops.count("MatMulIntegerToFloat") == 3 and ops.count("MatMul") == 2  # x @ W, the Linear twice; QK and PV float
     weights = {t.name: t for t in compiled.onnx_model.graph.initializer}
     assert not any(t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2 for t in weights.values())  # no float copy kept
-    assert sum(t.data_type == onnx.TensorProto.INT8 for t in weights.values()) == 2  # the shared Linear's once
+    assert sum(t.data_type == onnx.TensorProto.UINT8 and len(t.dims) == 2 for t in weights.values()) == 2  # the shared Linear's once (codes + 128: see quantize.py)
     expected = model(x)
     got = compiled(x)
     assert torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0) > 0.999

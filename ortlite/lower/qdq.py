@@ -9,7 +9,8 @@ leaves what it cannot fuse as float math between exact Q/DQ pairs (slower, never
 
 The scheme (ONNX Runtime's and PT2E's x86 defaults): activations uint8, asymmetric, per
 tensor, their range calibrated (the least and largest value seen over the samples, widened
-to hold 0); weights int8, symmetric, per output channel (max|w| / 127); a bias int32 at the
+to hold 0); weights int8, symmetric, per output channel (max|w| / 127; the codes stored as
+uint8 at zero point 128, see _quantize_conv); a bias int32 at the
 product of the input's and the weight's scales. Steps, on the lowered float graph:
 
 1. fold_batch_norms: an inference BatchNormalization after a Conv with constant weights is
@@ -41,6 +42,7 @@ from onnx import helper, numpy_helper
 
 from .builder import Names
 from .fusions import _reads, drop_unread_initializers, live_nodes
+from .quantize import INT8_WEIGHT_ZERO
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -301,11 +303,14 @@ def _quantize_conv(node, input_scale: float, initializers: dict, constant, taken
     channels = weight.shape[0]
     w_scale = np.abs(weight.reshape(channels, -1)).max(axis=1) / 127
     w_scale = np.where(w_scale == 0, 1.0, w_scale).astype(np.float32)
-    codes = np.clip(np.rint(weight / w_scale.astype(np.float64).reshape(-1, *[1] * (weight.ndim - 1))), -127, 127).astype(np.int8)
+    codes = np.clip(np.rint(weight / w_scale.astype(np.float64).reshape(-1, *[1] * (weight.ndim - 1))), -127, 127)
+    # stored as uint8 at zero point 128 (the same codes): ORT's u8 x s8 convolution saturates on
+    # CPUs without VNNI (plain AVX2), its u8 x u8 one is exact everywhere (see quantize.py)
+    codes = (codes + INT8_WEIGHT_ZERO).astype(np.uint8)
     base = node.input[1]
     w_dq = taken.fresh(f"{base}_dq")
     nodes = [helper.make_node(
-        "DequantizeLinear", [constant(codes, f"{base}_int8"), constant(w_scale, f"{base}_scale"), constant(np.zeros(channels, np.int8), f"{base}_zero")], [w_dq],
+        "DequantizeLinear", [constant(codes, f"{base}_uint8"), constant(w_scale, f"{base}_scale"), constant(np.full(channels, INT8_WEIGHT_ZERO, np.uint8), f"{base}_zero")], [w_dq],
         axis=0, name=taken.fresh(f"{base}_dequantize"),
     )]
     inputs = [node.input[0], w_dq]
