@@ -343,3 +343,140 @@ def test_proof_work_is_linear_in_depth():
             work += analysis.visited
         per_layer[depth] = work / depth
     assert per_layer[2] == per_layer[4] == per_layer[8], per_layer
+
+
+# --- keys of any rank: all positions of the axis, read only by scatters of one value --------
+
+B, S = 2, 6
+
+
+def tied_scores(seed: int):
+    """(B, S, S) scores with many ties: small integers, and -inf above the diagonal (causal)."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, 3, (B, S, S), generator=g).float()
+    return (scores.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf")),)
+
+
+def indexer_mask(scores):
+    """DeepSeek's sparse-attention indexer: the top positions (here all of them) scattered as
+    False into a mask of ones, which then masks the scores."""
+    idx = scores.topk(S, dim=-1).indices.to(torch.int32)
+    mask = idx.new_ones((B, S, S), dtype=torch.bool).scatter(-1, idx.long(), False)
+    return scores.masked_fill(mask, -1e4).softmax(-1)
+
+
+def argsort_rows_marked(scores):
+    order = torch.argsort(scores, dim=1)
+    return torch.zeros(B, S, S).scatter(1, order, 1.0) + scores.clamp(min=0)
+
+
+SCATTERED_WHOLE = {"indexer mask (topk of all, a scatter of False)": indexer_mask, "argsort along dim 1, a scatter of 1.0": argsort_rows_marked}
+
+
+def leak_topk_some(scores):
+    """topk of fewer than all: which of the tied keys are chosen decides the mask."""
+    idx = scores.topk(3, dim=-1).indices
+    return torch.zeros(B, S, S).scatter(-1, idx, 1.0)
+
+
+def leak_scatter_of_positions(scores):
+    """A scatter of values that differ (src): who lands where depends on the order."""
+    idx = scores.topk(S, dim=-1).indices
+    return torch.zeros(B, S, S).scatter(-1, idx, torch.arange(S, dtype=torch.float).expand(B, S, S).contiguous())
+
+
+def leak_indices_too(scores):
+    idx = scores.topk(S, dim=-1).indices
+    return torch.zeros(B, S, S).scatter(-1, idx, 1.0), idx
+
+
+def leak_scatter_along_another_axis(scores):
+    idx = torch.argsort(scores, dim=-1)
+    return torch.zeros(B, S, S).scatter(1, idx, 1.0)
+
+
+SCATTERED_OBSERVABLE = {
+    "topk of fewer than all": leak_topk_some,
+    "a scatter of positions": leak_scatter_of_positions,
+    "the indices returned too": leak_indices_too,
+    "scattered along another axis": leak_scatter_along_another_axis,
+}
+
+
+class ShuffledTiesAnyRank(torch.fx.Interpreter):
+    """Runs a graph with each sort's or topk's equal keys, in every row along its axis, in a
+    random order (then topk's first k): an order, and for topk a choice, aten may give."""
+
+    def __init__(self, gm, generator):
+        super().__init__(gm)
+        self.generator = generator
+
+    def call_function(self, target, args, kwargs):
+        if target not in SORTS:
+            return super().call_function(target, args, kwargs)
+        keys = args[0]
+        if target is torch.ops.aten.topk.default:
+            k = args[1]
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+            descending = args[3] if len(args) > 3 else kwargs.get("largest", True)
+        else:
+            k = None
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
+            descending = args[2] if len(args) > 2 else kwargs.get("descending", False)
+        moved = keys.movedim(dim, -1)
+        rows = moved.reshape(-1, moved.shape[-1])
+        orders = []
+        for row in rows:
+            values, order = torch.sort(row, stable=True, descending=descending)
+            _, counts = torch.unique_consecutive(values, return_counts=True)
+            start = 0
+            for c in counts.tolist():
+                order[start : start + c] = order[start : start + c][torch.randperm(c, generator=self.generator)]
+                start += c
+            orders.append(order)
+        order = torch.stack(orders).reshape(moved.shape)
+        if k is not None:
+            order = order[..., :k]
+        order = order.movedim(-1, dim).contiguous()
+        return torch.gather(keys, dim, order), order
+
+
+def changes_with_tie_order_any_rank(gm, args) -> bool:
+    with torch.no_grad():
+        runs = [ShuffledTiesAnyRank(gm, torch.Generator().manual_seed(s)).run(*args) for s in range(8)]
+    return any(not torch.equal(got, first) for outs in runs[1:] for got, first in zip(outs, runs[0]))
+
+
+def all_verdicts(gm) -> list:
+    return [n.meta[TIE_ORDER] for n in gm.graph.nodes if n.op == "call_function" and n.target in SORTS]
+
+
+@pytest.mark.parametrize("name", sorted(SCATTERED_WHOLE))
+def test_all_positions_scattered_as_one_value_need_no_check(name):
+    for seed in range(3):
+        args = tied_scores(seed)
+        gm = aten_graph(SCATTERED_WHOLE[name], args)
+        assert [v.kind for v in all_verdicts(gm)] == ["every position, scattered"], all_verdicts(gm)
+        assert not changes_with_tie_order_any_rank(gm, args)
+
+
+@pytest.mark.parametrize("name", sorted(SCATTERED_OBSERVABLE))
+def test_choice_or_order_that_reaches_an_output_keeps_its_check(name):
+    args = tied_scores(0)
+    gm = aten_graph(SCATTERED_OBSERVABLE[name], args)
+    assert changes_with_tie_order_any_rank(gm, args), "the program does not show its ties: a useless case"
+    assert all(v.checked for v in all_verdicts(gm)), all_verdicts(gm)
+
+
+@pytest.mark.parametrize("name", sorted(SCATTERED_WHOLE))
+def test_all_positions_scattered_run_whole_torch_compile_and_ahead_of_time(name):
+    fn = SCATTERED_WHOLE[name]
+    backend = ortlite.Backend(ortlite.Options(fallback="error"))
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    aot = ortlite.compile(_Wrap(fn), tied_scores(0))
+    with torch.no_grad():
+        for seed in range(3):
+            args = tied_scores(seed)
+            torch.testing.assert_close(compiled(*args), fn(*args))
+            torch.testing.assert_close(aot(*args), fn(*args))
+    assert backend.stats.fallback_ops == {} and backend.stats.graphs == 1

@@ -44,7 +44,7 @@ aten = torch.ops.aten
 
 TIE_ORDER = "ortlite_tie_order"  # node.meta key: a TieOrder
 
-UNCHECKED_KINDS = ("indices unused", "stable", "distinct keys", "tie order unobservable")
+UNCHECKED_KINDS = ("indices unused", "stable", "distinct keys", "every position, scattered", "tie order unobservable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -707,6 +707,43 @@ def _indices_used(node) -> bool:
     return any(user.target is not operator.getitem or user.args[1] == 1 for user in node.users)
 
 
+_SCATTERS_OF_A_VALUE = (aten.scatter.value, aten.scatter_.value)
+
+
+def _scattered_whole(sort: torch.fx.Node) -> bool:
+    """Does a sort (or a topk of k = all) of keys of any rank give all the positions of its axis
+    in each row, read only by scatters of one value along that axis (through integer copies)?
+    Each row's positions are then the same set in any order, and the scatter's result depends on
+    the set alone: e.g. DeepSeek's sparse-attention indexer, new_ones(...).scatter(-1, idx, False)."""
+    rank = _rank(sort.args[0])
+    axis = _norm(_arg(sort, 2, "dim", -1) if sort.target is aten.topk.default else _arg(sort, 1, "dim", -1), max(rank, 1))
+    if rank == 0 or (sort.target is aten.topk.default and not _same_size(_arg(sort, 1, "k"), _shape(sort.args[0])[axis])):
+        return False
+    n = _shape(sort.args[0])[axis]
+    pending = [user for user in sort.users]
+    if not all(u.target is operator.getitem and u.args[1] == 1 for u in pending):
+        return False  # the sorted values are read too
+    seen = 0
+    while pending:
+        node = pending.pop()
+        seen += 1
+        if seen > 64:
+            return False
+        for user in node.users:
+            if user.target in _SAME and user.args[0] is node and _holds_positions(_val(user).dtype, n) and _shape(user) == _shape(node):
+                pending.append(user)
+            elif user.target in _SHAPE_ONLY and user.args[0] is node and node not in _flat(user.args[1:], user.kwargs):
+                continue
+            elif user.target in (aten.sym_size.int, aten.sym_numel.default, aten._assert_tensor_metadata.default):
+                continue
+            elif user.target in _SCATTERS_OF_A_VALUE and user.args[2] is node and user.args[0] is not node and not isinstance(user.args[3], torch.fx.Node):
+                if _rank(user.args[0]) != rank or _norm(user.args[1], rank) != axis:
+                    return False
+            else:
+                return False
+    return True
+
+
 def tie_order(sort: torch.fx.Node, positions: dict | None = None) -> TieOrder:
     """The verdict for one sort or topk node (positions: each node's place in the graph's
     order, computed once for all the sorts of a graph)."""
@@ -716,6 +753,8 @@ def tie_order(sort: torch.fx.Node, positions: dict | None = None) -> TieOrder:
         return TieOrder("stable", "stable=True: ties in index order, as ONNX Runtime's TopK gives them")
     if _distinct_keys(sort):
         return TieOrder("distinct keys", "its keys are another sort's indices (a permutation) or an arange")
+    if _scattered_whole(sort):
+        return TieOrder("every position, scattered", "all positions of its axis, read only by scatters of one value along it: the same set in any order")
     if _rank(sort.args[0]) != 1:
         return TieOrder("checked", "keys of more than one dim: no proof tried")
     if sort.target is aten.topk.default and not _same_size(_arg(sort, 1, "k"), _shape(sort.args[0])[0]):
