@@ -522,6 +522,32 @@ def test_sort_and_topk_values():
     check_fallback(lambda x: torch.sort(x.double(), stable=True), x, op="aten.sort.stable")
 
 
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_unsorted_is_the_same_choice_in_sorted_order(largest):
+    """topk(sorted=False): aten leaves the order open (its CPU kernel gives another than the
+    sorted one here); ortlite gives the same k, sorted, each value the key at its index."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 100)
+    compiled = ortlite.compile(_Call(lambda x: torch.topk(x, 10, largest=largest, sorted=False)), (x,))
+    for trial in range(3):
+        x = torch.randn(4, 100) if trial else x
+        values, indices = compiled(x)
+        eager_values, eager_indices = torch.topk(x, 10, largest=largest, sorted=False)
+        assert not torch.equal(eager_indices, torch.topk(x, 10, largest=largest).indices)  # aten's order is not sorted
+        assert torch.equal(indices.sort(-1).values, eager_indices.sort(-1).values)  # the same choice
+        assert torch.equal(values, torch.gather(x, -1, indices))
+        assert torch.equal(indices, torch.topk(x, 10, largest=largest).indices)  # in sorted order
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])
