@@ -23,11 +23,15 @@ class CompiledModel(_fast.Runner):
     turns back into a CompiledModel.
     """
 
-    def save(self, path, external_data: bool | None = None) -> None:
+    def save(self, path, external_data: bool | None = None, target_onnxruntime: str | None = None) -> None:
         """Write the model, with what ortlite.load needs to rebuild this CompiledModel, as one
         .onnx file (see ortlite.saved). external_data: weights in a file beside it
-        (`<name>.data`); None: only when the model is over protobuf's 2 GB limit."""
-        save(self, path, external_data)
+        (`<name>.data`); None: only when the model is over protobuf's 2 GB limit.
+        target_onnxruntime ("1.20"): the oldest onnxruntime the file must run on; a model
+        that needs a newer one is refused (ValueError), naming what needs it and the opset
+        to compile with (Options(opset=...)). The file always records the oldest it needs
+        (metadata "min_onnxruntime")."""
+        save(self, path, external_data, target_onnxruntime)
 
     def onnx_model_for_saving(self) -> onnx.ModelProto:
         """The model with its current weights as initializers: weights bound by pointer stop

@@ -10,7 +10,8 @@ assumptions and ranges); where each output comes from; the pytree specs of the c
 
 Beside it, key "min_onnxruntime": the oldest onnxruntime that runs the file ("1.18"), from
 what the file holds (MIN_ORT_*), for plain onnxruntime and Triton users to read;
-ortlite.load refuses the file on an older one, naming both versions.
+ortlite.load refuses the file on an older one, naming both versions;
+save(..., target_onnxruntime="1.20") refuses a model that needs newer, naming what does.
 
 Weights: initializers in the file. Weights bound by pointer (bind_weights=True) are written
 with their current values and are constants of the loaded model; buffers the model mutates
@@ -98,9 +99,11 @@ class _Invalid(Exception):
 # ---------------------------------------------------------------- save
 
 
-def save(compiled, path, external_data: bool | None = None) -> None:
+def save(compiled, path, external_data: bool | None = None, target_onnxruntime: str | None = None) -> None:
     path = os.fspath(path)
     model = compiled.onnx_model_for_saving()
+    if target_onnxruntime is not None:
+        check_target(model, target_onnxruntime, path)
     for tensor in model.graph.initializer:
         if any(e.key == "location" and e.value == "ortlite-frozen-weight" for e in tensor.external_data):
             raise ValueError(f"ortlite: cannot save {path}: weight {tensor.name} is a frozen-weight stub, not data")
@@ -135,6 +138,26 @@ def save(compiled, path, external_data: bool | None = None) -> None:
 def min_onnxruntime(model: onnx.ModelProto, here: tuple | None = None) -> tuple[tuple[int, int], str]:
     """(the oldest onnxruntime (major, minor) that runs the model by the MIN_ORT_* rules, what
     in the model needs it). here: the running onnxruntime's version (for keys past a table)."""
+    return max(_needs(model, here), key=lambda n: n[0])
+
+
+def check_target(model: onnx.ModelProto, target: str, path: str) -> None:
+    """save(..., target_onnxruntime=target): refuses a model that needs a newer onnxruntime,
+    naming each thing that does, and the opset that would stay within the target."""
+    version = _version(target) if isinstance(target, str) and VERSION.fullmatch(target) else None
+    if version is None:
+        raise ValueError(f"ortlite: target_onnxruntime must be a version like '1.20', got {target!r}")
+    over = sorted({(v, why) for v, why in _needs(model) if v > version})
+    if not over:
+        return
+    what = "; ".join(f"{why} needs {v[0]}.{v[1]}" for v, why in over)
+    opsets = [o for o, v in MIN_ORT_OPSET.items() if v <= version]
+    hint = f" (Options(opset={max(opsets)}) lowers within it)" if opsets and any(why.startswith("ai.onnx opset") for _, why in over) else ""
+    raise ValueError(f"ortlite: cannot save {path} for onnxruntime {target}: {what}{hint}")
+
+
+def _needs(model: onnx.ModelProto, here: tuple | None = None) -> list:
+    """[(version, what needs it)] for each MIN_ORT_* rule the model meets."""
     here = here or _version(onnxruntime.__version__) or (0, 0)
 
     def row(table, key):
@@ -159,7 +182,7 @@ def min_onnxruntime(model: onnx.ModelProto, here: tuple | None = None) -> tuple[
         typed = (domain, node.op_type, types.get(node.input[0]) if node.input else None)
         if typed in MIN_ORT_TYPED:
             needs.append((MIN_ORT_TYPED[typed], f"{node.op_type} on {onnx.TensorProto.DataType.Name(typed[2]).lower()}"))
-    return max(needs, key=lambda n: n[0])
+    return needs
 
 
 def _graphs(items):

@@ -5,6 +5,7 @@ refusing a file on an older onnxruntime with both versions named."""
 
 import importlib.util
 import json
+import re
 import os
 
 import onnx
@@ -179,3 +180,38 @@ def test_load_names_what_needs_a_newer_onnxruntime(kind, running, tmp_path, monk
         ortlite.load(_edited(path, tmp_path, drop=True))
     monkeypatch.setattr(onnxruntime, "__version__", expected + ".0")
     ortlite.load(path)  # the minimum itself passes ortlite's check
+
+
+@pytest.mark.parametrize(
+    "kind, target, refused",
+    [
+        ("float32", "1.18", None),
+        ("float32", "1.17", "IR version 10 needs 1.18"),
+        ("int4", "1.18", "com.microsoft MatMulNBits with 6 inputs needs 1.19"),
+        ("int4", "1.19", None),
+        ("opset 23", "1.20", "ai.onnx opset 23 needs 1.23 (Options(opset=21) lowers within it)"),
+        ("opset 23", "1.23", None),
+    ],
+)
+def test_save_for_an_older_onnxruntime_refuses_what_it_cannot_run(kind, target, refused, tmp_path):
+    model, args = (Attention().eval(), (torch.randn(2, 5, 32),)) if kind == "opset 23" else (_mlp(), (torch.randn(1, 64),))
+    options = ortlite.Options(opset=23) if kind == "opset 23" else ortlite.Options(quantize=None if kind == "float32" else kind)
+    compiled = ortlite.compile(model, args, options=options)
+    path = tmp_path / "target.onnx"
+    if refused is None:
+        compiled.save(path, target_onnxruntime=target)
+        assert _minor(_recorded(path)) <= _minor(target)
+        return
+    with pytest.raises(ValueError, match=re.escape(f"for onnxruntime {target}: {refused}")):
+        compiled.save(path, target_onnxruntime=target)
+    assert not path.exists()
+    if kind == "opset 23":  # the opset the message names lowers within the target
+        ortlite.compile(model, args, options=ortlite.Options(opset=21)).save(path, target_onnxruntime=target)
+        assert _minor(_recorded(path)) <= _minor(target)
+
+
+@pytest.mark.parametrize("target", ["1", "latest", 1.2, "1.20; rm"])
+def test_save_target_must_be_a_version(target, tmp_path):
+    compiled = ortlite.compile(_mlp(), (torch.randn(1, 64),))
+    with pytest.raises(ValueError, match="target_onnxruntime must be a version"):
+        compiled.save(tmp_path / "x.onnx", target_onnxruntime=target)
