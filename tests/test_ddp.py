@@ -21,6 +21,9 @@ WIDTH = 512  # the MLPs' 1 MiB middle layer fills DDP's first gradient bucket: D
 # splits their graphs there (and compiles each part with fake example inputs)
 DEADLINE_S = 240  # the whole spawn, both processes (about 60 s on an idle 2-core machine)
 
+# one worker runs this file's tests (pytest-xdist, --dist loadgroup): they share its module fixtures
+pytestmark = pytest.mark.xdist_group("ddp")
+
 
 class MLP(torch.nn.Module):
     def __init__(self):

@@ -27,6 +27,9 @@ from torch.export import Dim
 import ortlite
 from conftest import free_port
 
+# one worker runs this file's tests (pytest-xdist, --dist loadgroup): they share its module fixtures
+pytestmark = pytest.mark.xdist_group("serve")
+
 ray = pytest.importorskip("ray", reason="ortlite.serve needs the serve extra: pip install -e '.[serve]'")
 from ray import serve  # noqa: E402
 
