@@ -5,7 +5,8 @@ ortlite.lower.quantize chose its kernels).
     python bench/quant_kernels.py [--rounds 5] [--rows 1,128] [--shapes 512x512,512x2048,2048x512] [--only NAME,...]
 
 Candidates: DynamicQuantizeMatMul (int8 per channel), DynamicQuantizeLinear + MatMulInteger +
-Cast + Mul, DynamicQuantizeLinear + MatMulIntegerToFloat, MatMulNBits 8 and 4 bits at
+Cast + Mul, DynamicQuantizeLinear + MatMulIntegerToFloat (int8 weights, and ortlite's uint8
+weights at zero point 128), MatMulNBits 8 and 4 bits at
 several block sizes and accuracy levels (4: int8 compute, 1: float32).
 """
 
@@ -70,6 +71,12 @@ def variants(k, n, rows, rng):
     )  # fmt: skip
     yield "MatMulIntegerToFloat", _model(
         [quantize_x, helper.make_node("MatMulIntegerToFloat", ["xq", "q", "xs", "s", "xz"], ["y"], domain=ms)], {"q": q, "s": s}, k, n, rows
+    )
+    # ortlite's form: the same codes as uint8 at zero point 128 (MLAS's u8 x u8 kernel, exact on
+    # every CPU; u8 x s8 saturates on plain AVX2: ortlite.lower.quantize)
+    unsigned = {"q": (q.astype(np.int16) + 128).astype(np.uint8), "s": s, "qz": np.array(128, np.uint8)}
+    yield "MatMulIntegerToFloat u8u8", _model(
+        [quantize_x, helper.make_node("MatMulIntegerToFloat", ["xq", "q", "xs", "s", "xz", "qz"], ["y"], domain=ms)], unsigned, k, n, rows
     )
     for bits, block, level in NBITS:
         b, scale = _nbits(w, bits, block)
