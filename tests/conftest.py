@@ -1,4 +1,5 @@
 import logging
+import os
 import socket
 
 import pytest
@@ -6,6 +7,12 @@ import torch
 
 import ortlite
 import ortlite.logs
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # a worker of several (pyproject.toml's -n): one thread each for torch and ONNX Runtime
+    # (ortlite's sessions follow torch's count); two pools a worker on two cores spin against
+    # each other (half the CPU time went to the kernel)
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
