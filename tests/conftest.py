@@ -112,3 +112,14 @@ def _(x):
 
 
 OPAQUE = "ortlite_test.opaque.default"
+
+
+class Wrap(torch.nn.Module):
+    """A function as a module (ortlite.compile and torch.export take modules)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)

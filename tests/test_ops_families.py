@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import ortlite
-from conftest import assert_same, check_fallback, check_lowered
+from conftest import Wrap, assert_same, check_fallback, check_lowered
 
 torch.manual_seed(0)
 
@@ -528,7 +528,7 @@ def test_topk_unsorted_is_the_same_choice_in_sorted_order(largest):
     sorted one here); ortlite gives the same k, sorted, each value the key at its index."""
     torch.manual_seed(0)
     x = torch.randn(4, 100)
-    compiled = ortlite.compile(_Call(lambda x: torch.topk(x, 10, largest=largest, sorted=False)), (x,))
+    compiled = ortlite.compile(Wrap(lambda x: torch.topk(x, 10, largest=largest, sorted=False)), (x,))
     for trial in range(3):
         x = torch.randn(4, 100) if trial else x
         values, indices = compiled(x)
@@ -537,15 +537,6 @@ def test_topk_unsorted_is_the_same_choice_in_sorted_order(largest):
         assert torch.equal(indices.sort(-1).values, eager_indices.sort(-1).values)  # the same choice
         assert torch.equal(values, torch.gather(x, -1, indices))
         assert torch.equal(indices, torch.topk(x, 10, largest=largest).indices)  # in sorted order
-
-
-class _Call(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])

@@ -16,6 +16,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import ortlite
+from conftest import Wrap
 from ortlite.decomp import decomposition_table
 from ortlite.lower.tie_order import SORTS, TIE_ORDER, mark_tie_orders
 
@@ -209,13 +210,19 @@ class ShuffledTies(torch.fx.Interpreter):
             return super().call_function(target, args, kwargs)
         keys = args[0]
         descending = kwargs.get("descending", args[2] if len(args) > 2 else False)
-        values, order = torch.sort(keys, stable=True, descending=descending)
-        _, counts = torch.unique_consecutive(values, return_counts=True)
-        start = 0
-        for c in counts.tolist():
-            order[start : start + c] = order[start : start + c][torch.randperm(c, generator=self.generator)]
-            start += c
+        order = shuffled_tie_order(keys, descending, self.generator)
         return keys[order], order
+
+
+def shuffled_tie_order(row, descending, generator):
+    """The sorting order of a 1-D row, each run of equal keys in a random order."""
+    values, order = torch.sort(row, stable=True, descending=descending)
+    _, counts = torch.unique_consecutive(values, return_counts=True)
+    start = 0
+    for c in counts.tolist():
+        order[start : start + c] = order[start : start + c][torch.randperm(c, generator=generator)]
+        start += c
+    return order
 
 
 def changes_with_tie_order(gm, args) -> bool:
@@ -279,16 +286,9 @@ def test_observable_orders_still_leave_to_torch(name):
         torch.testing.assert_close(compiled(*args), fn(*args))
     assert "aten.sort.default" in backend.stats.fallback_ops
     with pytest.raises(ortlite.RunError, match="equal values"):  # ahead of time: raised, as before
-        ortlite.compile(_Wrap(fn), args)(*args)
+        ortlite.compile(Wrap(fn), args)(*args)
 
 
-class _Wrap(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def test_training_step_proves_on_the_joint_graph():
@@ -313,7 +313,7 @@ def test_explain_says_for_each_sort_whether_ties_are_checked_and_why():
         leaking = str(ortlite.explain(leak_permutation, *args))
     assert "unchecked: tie order unobservable" in proven and "put back in order" in proven
     assert "checked per call" in leaking and "reaches graph output" in leaking
-    compiled = ortlite.compile(_Wrap(moe_grouped), args)
+    compiled = ortlite.compile(Wrap(moe_grouped), args)
     assert "unchecked: tie order unobservable" in str(ortlite.explain(compiled))
 
 
@@ -425,16 +425,7 @@ class ShuffledTiesAnyRank(torch.fx.Interpreter):
             descending = args[2] if len(args) > 2 else kwargs.get("descending", False)
         moved = keys.movedim(dim, -1)
         rows = moved.reshape(-1, moved.shape[-1])
-        orders = []
-        for row in rows:
-            values, order = torch.sort(row, stable=True, descending=descending)
-            _, counts = torch.unique_consecutive(values, return_counts=True)
-            start = 0
-            for c in counts.tolist():
-                order[start : start + c] = order[start : start + c][torch.randperm(c, generator=self.generator)]
-                start += c
-            orders.append(order)
-        order = torch.stack(orders).reshape(moved.shape)
+        order = torch.stack([shuffled_tie_order(row, descending, self.generator) for row in rows]).reshape(moved.shape)
         if k is not None:
             order = order[..., :k]
         order = order.movedim(-1, dim).contiguous()
@@ -473,7 +464,7 @@ def test_all_positions_scattered_run_whole_torch_compile_and_ahead_of_time(name)
     fn = SCATTERED_WHOLE[name]
     backend = ortlite.Backend(ortlite.Options(fallback="error"))
     compiled = torch.compile(fn, backend=backend, dynamic=False)
-    aot = ortlite.compile(_Wrap(fn), tied_scores(0))
+    aot = ortlite.compile(Wrap(fn), tied_scores(0))
     with torch.no_grad():
         for seed in range(3):
             args = tied_scores(seed)
