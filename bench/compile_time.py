@@ -1,18 +1,21 @@
-"""Compile time: ortlite's, on both paths, against torch.export alone and inductor's, so that
-a pass gone superlinear shows as a row (one made torchvision's deeplabv3 compile for more
-than ten minutes). Each model compiles in a subprocess of its own with a wall-clock limit.
+"""Compile time: ortlite's, on both paths, against what torch itself takes to capture the same
+model, so that a pass gone superlinear shows as a row (one made torchvision's deeplabv3 compile
+for more than ten minutes). Every column runs in a fresh process of its own (cold, as a user's
+first compile is), with a wall-clock limit.
 
-    python bench/compile_time.py                                # README's models and the synthetic depths
+    python bench/compile_time.py                                # README's models, T5, Qwen3-MoE, the synthetic depths
     python bench/compile_time.py --models deeplabv3,raft_small,maskrcnn --python /path/to/venv/bin/python
 
-Columns, in wall seconds (first call for torch.compile):
-  export         torch.export.export alone
-  ortlite.compile  the whole ahead-of-time compile (export, decompositions, lowering, session)
-    lowering     of which ortlite's lowering (lower_graph: the op table and every pass), in
-                 CPU seconds of the thread (steady on a busy machine, where wall time is not)
-  torch.compile  torch.compile(backend="ortlite")'s first call, under no_grad
-    lowering     of which ortlite's lowering, CPU seconds
-  inductor       torch.compile's first call with inductor (--no-inductor leaves it out)
+Columns, in wall seconds of the fresh process's compile (imports excluded):
+  export           torch.export.export alone
+  ortlite.compile  the whole ahead-of-time compile and its first call (export, lowering, session)
+    lowering       of which ortlite's lowering (lower_graph: the op table and every pass), in CPU
+                   seconds of the thread (steady on a busy machine, where wall time is not)
+  onnx.export      torch.onnx.export(dynamo=True): torch's own exporter to an ONNX file (onnxscript)
+  aot_eager        torch.compile(backend="aot_eager")'s first call: Dynamo and aot_autograd alone
+  torch.compile    torch.compile(backend="ortlite")'s first call, under no_grad
+  inductor         torch.compile's first call with inductor (--no-inductor leaves it out)
+and two ratios, the bars of issue 53: ortlite.compile / export and torch.compile / aot_eager.
 
 "residual-N": tests/test_compile_time.py's net of N residual SE blocks with dense skips and
 index checks: each doubling of N about doubles every column. torchvision's models need a
@@ -34,9 +37,11 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 README_MODELS = ["bert", "gpt2", "llama", "vit", "resnet"]
+TRANSFORMERS = ["t5", "qwen3moe"]
 VISION_MODELS = ["deeplabv3", "raft_small", "maskrcnn"]
 SYNTHETIC = ["residual-16", "residual-32", "residual-64"]
-COLUMNS = ["export", "ortlite.compile", "aot lowering", "torch.compile", "dynamo lowering", "inductor"]
+COLUMNS = ["export", "ortlite.compile", "lowering", "onnx.export", "aot_eager", "torch.compile", "inductor"]
+RATIOS = {"compile/export": ("ortlite.compile", "export"), "tc/aot_eager": ("torch.compile", "aot_eager")}
 
 
 class _Block(torch.nn.Module):
@@ -76,6 +81,25 @@ def build(name: str):
     torch.manual_seed(0)
     if name.startswith("residual-"):
         return ReconvergentNet(int(name.split("-")[1])).eval(), (torch.randn(2, 4, 6, 6),)
+    if name == "t5":
+        from transformers import T5Config, T5Model
+
+        config = T5Config(d_model=256, d_ff=1024, num_layers=4, num_heads=4, vocab_size=32128)
+        sys.path.insert(0, HERE)
+        import models
+
+        return models._FirstOutput(T5Model(config).eval()), (torch.randint(0, 32128, (1, 128)), None, torch.randint(0, 32128, (1, 32)))
+    if name == "qwen3moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeModel
+
+        config = Qwen3MoeConfig(
+            hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
+            moe_intermediate_size=256, num_experts=16, num_experts_per_tok=2, vocab_size=32000,
+        )
+        sys.path.insert(0, HERE)
+        import models
+
+        return models._FirstOutput(Qwen3MoeModel(config).eval()), (torch.randint(0, 32000, (1, 128)),)
     if name in README_MODELS:
         sys.path.insert(0, HERE)
         import models
@@ -108,62 +132,74 @@ def _timing(module, name: str, spent: list):
     setattr(module, name, timed)
 
 
-def measure(name: str, with_inductor: bool) -> dict:
-    """In the subprocess: one model's row (a column's error text where that compile failed)."""
+def measure(name: str, column: str) -> dict:
+    """In the subprocess: one column of one model (its error text where that compile failed)."""
     import ortlite
     import ortlite.aot
-    import ortlite.dynamo_backend
 
     torch.set_num_threads(1)
-    aot_lowering, dynamo_lowering = [], []
-    _timing(ortlite.aot, "lower_graph", aot_lowering)
-    _timing(ortlite.dynamo_backend, "lower_graph", dynamo_lowering)
+    lowering = []
+    _timing(ortlite.aot, "lower_graph", lowering)
     model, args = build(name)
-    row = {}
-
-    def column(key, fn):
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():
-                fn()
-            row[key] = round(time.perf_counter() - start, 2)
-        except Exception as e:  # a failed compile is a row, not the end of the bench
-            row[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-
-    column("export", lambda: torch.export.export(model, args))
-    column("ortlite.compile", lambda: ortlite.compile(model, args))
-    row["aot lowering"] = round(sum(aot_lowering), 2) if aot_lowering else "-"
-    column("torch.compile", lambda: torch.compile(model, backend="ortlite")(*args))
-    row["dynamo lowering"] = round(sum(dynamo_lowering), 2) if dynamo_lowering else "-"
-    if with_inductor:
-        torch._dynamo.reset()
-        column("inductor", lambda: torch.compile(model)(*args))
+    with torch.no_grad():
+        model(*args)  # eager once: lazy module state and kernels, which no compiler should be charged for
+    run = {
+        "export": lambda: torch.export.export(model, args),
+        "ortlite.compile": lambda: ortlite.compile(model, args)(*args),
+        "onnx.export": lambda: torch.onnx.export(model, args, dynamo=True, verbose=False, optimize=False),
+        "aot_eager": lambda: torch.compile(model, backend="aot_eager")(*args),
+        "torch.compile": lambda: torch.compile(model, backend="ortlite")(*args),
+        "inductor": lambda: torch.compile(model)(*args),
+    }[column]
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            run()
+    except Exception as e:  # a failed compile is a row, not the end of the bench
+        return {column: f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"}
+    row = {column: round(time.perf_counter() - start, 2)}
+    if column == "ortlite.compile":
+        row["lowering"] = round(sum(lowering), 2)
     return row
+
+
+def _column(python: str, name: str, column: str, timeout_s: float) -> dict:
+    command = [python, os.path.abspath(__file__), "--one", name, "--column", column]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {column: f"over {timeout_s:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if lines:
+        return json.loads(lines[-1])
+    return {column: f"failed: {done.stderr.strip().splitlines()[-1][:60] if done.stderr.strip() else done.returncode}"}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(README_MODELS + VISION_MODELS + SYNTHETIC))
-    parser.add_argument("--timeout-s", type=float, default=600, help="per model, all its compiles")
+    parser.add_argument("--models", default=",".join(README_MODELS + TRANSFORMERS + VISION_MODELS + SYNTHETIC))
+    parser.add_argument("--timeout-s", type=float, default=600, help="per model and column")
     parser.add_argument("--python", default=sys.executable, help="the interpreter each model runs in (a venv with torchvision)")
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the subprocess's model
+    parser.add_argument("--column", help=argparse.SUPPRESS)  # and its column
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one, not args.no_inductor)))
+        print(json.dumps(measure(args.one, args.column)))
         return
-    print(f"torch {torch.__version__}, 1 thread, wall seconds (first call for torch.compile); lowering columns: CPU seconds")
-    print(f"{'model':<14}" + "".join(f"{c:>17}" for c in COLUMNS))
+    columns = [c for c in COLUMNS if not (c == "inductor" and args.no_inductor)]
+    print(f"torch {torch.__version__}, 1 thread, wall seconds in a fresh process each (first call for torch.compile); lowering: CPU seconds")
+    print(f"{'model':<14}" + "".join(f"{c:>16}" for c in columns + list(RATIOS)))
     for name in args.models.split(","):
-        command = [args.python, os.path.abspath(__file__), "--one", name] + (["--no-inductor"] if args.no_inductor else [])
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            row = json.loads(lines[-1]) if lines else {"export": f"failed: {done.stderr.strip().splitlines()[-1][:60] if done.stderr.strip() else done.returncode}"}
-        except subprocess.TimeoutExpired:
-            row = {"export": f"over {args.timeout_s:.0f} s"}
-        failed = {c: row[c] for c in COLUMNS if isinstance(row.get(c), str) and len(row[c]) > 16}
-        print(f"{name:<14}" + "".join(f"{'failed' if c in failed else str(row.get(c, '')):>17}" for c in COLUMNS), flush=True)
+        row = {}
+        for column in columns:
+            if column != "lowering":
+                row.update(_column(args.python, name, column, args.timeout_s))
+        for ratio, (top, bottom) in RATIOS.items():
+            if isinstance(row.get(top), float) and isinstance(row.get(bottom), float) and row[bottom] > 0:
+                row[ratio] = f"{row[top] / row[bottom]:.2f}x"
+        failed = {c: row[c] for c in columns if isinstance(row.get(c), str)}
+        print(f"{name:<14}" + "".join(f"{'failed' if c in failed else str(row.get(c, '')):>16}" for c in columns + list(RATIOS)), flush=True)
         for c, error in failed.items():  # in full below the row
             print(f"  {c}: {error}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import logging
 import operator
 import warnings
 
@@ -27,6 +28,8 @@ from .options import Options
 from .partition import source_line, unsupported_nodes
 from .runner import runner_for
 from .session import SessionCache
+
+log = logging.getLogger("ortlite")
 
 WEIGHT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -54,13 +57,13 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     if isinstance(model, ExportedProgram):
         program, module = model, None
     elif isinstance(model, torch.nn.Module):
-        program = torch.export.export(model, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
-        module = model
+        program, module = _export_to_aten(model, tuple(args), kwargs, dynamic_shapes), model
     else:
         raise TypeError(f"ortlite.compile takes an nn.Module or an ExportedProgram, got {type(model).__name__}")
-    with warnings.catch_warnings():  # torch 2.13's own deepcopy of its module call graph warns, every time
-        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-        program = program.run_decompositions(export_decomposition_table())
+    if _needs_decompositions(program):
+        with warnings.catch_warnings():  # torch 2.13's own deepcopy of its module call graph warns, every time
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+            program = program.run_decompositions(export_decomposition_table())
     gm = program.graph_module
     signature = program.graph_signature
 
@@ -109,6 +112,35 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
         raise CompileError(f"ortlite.compile: ONNX Runtime cannot run the exported graph{where}: {e}") from e
     buffers = dict(module.named_buffers()) if module is not None else {k: v for k, v in state.items()}
     return attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutations, buffers)
+
+
+def _export_to_aten(model: torch.nn.Module, args: tuple, kwargs, dynamic_shapes) -> ExportedProgram:
+    """The model exported in one trace to post-dispatch ATen: functional, its composite ops
+    decomposed as dispatch decomposes them. torch.export.export's own IR keeps composite ops
+    (linear, layer_norm, scaled_dot_product_attention) and in-place ones, and
+    run_decompositions re-traces the whole program to remove them, which took longer than
+    the export itself (LLaMA h256: 1.6 s against 0.9). Through torch's private
+    `_export(pre_dispatch=False)`; where that fails, the public export (whose error, if it
+    fails too, is the one the user sees)."""
+    try:
+        from torch.export._trace import _export
+
+        return _export(model, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False)
+    except Exception as e:  # noqa: BLE001 (the public export below raises what the user should see)
+        log.debug("ortlite.compile: export to ATen in one trace failed (%s: %s); torch.export.export", type(e).__name__, e)
+    return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+
+
+def _needs_decompositions(program: ExportedProgram) -> bool:
+    """Whether the program holds what ortlite's table does not lower as it stands: an op
+    outside the table (or one its check refuses), an op of a training IR (composite or
+    in-place), or complex values (ortlite.complex decomposes them into real arithmetic)."""
+    if program.verifier.dialect != "ATEN":
+        return True
+    gm = program.graph_module
+    if any(isinstance(v, torch.Tensor) and v.dtype.is_complex for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))):
+        return True
+    return bool(unsupported_nodes(gm, {}))
 
 
 def _reduced_precision(model, options: Options):

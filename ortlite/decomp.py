@@ -18,8 +18,14 @@ aten = torch.ops.aten
 EXCLUDED = {aten._scaled_dot_product_flash_attention_for_cpu.default}
 
 
-def _without_lowered(table) -> dict:
-    return {op: fn for op, fn in table.items() if op not in LOWERINGS and op not in EXCLUDED}
+# Lowered for ortlite.compile (export's one-trace ATen keeps them), yet still decomposed by
+# aot_autograd: its replay of output views over ONNX Runtime's compact outputs is proven on
+# permute, and a transpose left in a Qwen3-MoE training step's graph broke that replay.
+AUTOGRAD_DECOMPOSED = {aten.transpose.int}
+
+
+def _without_lowered(table, keep=frozenset()) -> dict:
+    return {op: fn for op, fn in table.items() if (op not in LOWERINGS or op in keep) and op not in EXCLUDED}
 
 
 @functools.cache
@@ -34,7 +40,7 @@ def decomposition_table(random_ops: str = "torch") -> dict:
         from torch._decomp import _core_aten_decompositions_post_autograd as post_autograd
     except ImportError:
         from torch._decomp import core_aten_decompositions as post_autograd
-    table = {**_without_lowered(post_autograd()), **RANDOM[random_ops]}
+    table = {**_without_lowered(post_autograd(), keep=AUTOGRAD_DECOMPOSED), **RANDOM[random_ops]}
     return {**table, **complex_ops.chained(table)}  # complex arithmetic as real (ortlite.complex)
 
 

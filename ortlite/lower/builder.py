@@ -146,7 +146,9 @@ class GraphBuilder:
         self.name = name
         self.opset = opset
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        # built in the model's own graph, once: a weight's bytes are not copied again by model()
+        self._model = onnx.ModelProto()
+        self.initializers = self._model.graph.initializer
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.extra_domains: dict[str, int] = {}
@@ -221,7 +223,7 @@ class GraphBuilder:
         if cached is not None:
             return cached
         name = self.fresh("const")
-        self.initializers.append(to_tensor_proto(tensor, name))
+        fill_tensor_proto(self.initializers.add(), tensor, name)
         result = Value(name, tensor.dtype, tensor.shape)
         self._constants[key] = result
         return result
@@ -231,7 +233,7 @@ class GraphBuilder:
         tensor = tensor.detach().cpu().contiguous()
         self.dtypes.add(tensor.dtype)
         name = self.fresh(hint)
-        self.initializers.append(to_tensor_proto(tensor, name))
+        fill_tensor_proto(self.initializers.add(), tensor, name)
         return Value(name, tensor.dtype, tensor.shape)
 
     def ints(self, values: Sequence[int]) -> Value:
@@ -410,9 +412,16 @@ class GraphBuilder:
         self.outputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[dtype], [onnx_dim(d) for d in shape]))
 
     def model(self) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
+        """The model (once: its graph holds the initializers as built, not a copy of them)."""
+        model, graph = self._model, self._model.graph
+        graph.name = self.name
+        graph.node.extend(self.nodes)
+        graph.input.extend(self.inputs)
+        graph.output.extend(self.outputs)
+        model.ir_version, model.producer_name = IR_VERSION, "ortlite"
         opsets = [helper.make_opsetid("", self.opset)] + [helper.make_opsetid(d, v) for d, v in self.extra_domains.items()]
-        return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name="ortlite")
+        model.opset_import.extend(opsets)
+        return model
 
 
 class _BodyBuilder(GraphBuilder):
@@ -452,11 +461,17 @@ class _BodyBuilder(GraphBuilder):
 
 
 def to_tensor_proto(tensor: torch.Tensor, name: str) -> onnx.TensorProto:
-    if tensor.dtype == torch.bfloat16:
-        proto = onnx.TensorProto()
-        proto.name = name
-        proto.data_type = TensorProto.BFLOAT16
-        proto.dims.extend(tensor.shape)
-        proto.raw_data = tensor.contiguous().view(torch.int16).numpy().tobytes()
+    return fill_tensor_proto(onnx.TensorProto(), tensor, name)
+
+
+def fill_tensor_proto(proto: onnx.TensorProto, tensor: torch.Tensor, name: str) -> onnx.TensorProto:
+    """proto (empty, or a slot of a graph's initializers) holding a CPU tensor's values."""
+    if tensor.dtype not in TORCH_TO_ONNX:  # numpy's dtypes beyond the table (uint16, uint32, uint64)
+        proto.CopyFrom(numpy_helper.from_array(tensor.numpy(), name))
         return proto
-    return numpy_helper.from_array(tensor.numpy(), name)
+    proto.name = name
+    proto.data_type = TORCH_TO_ONNX[tensor.dtype]
+    proto.dims.extend(tensor.shape)
+    data = tensor.contiguous().view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor.contiguous()
+    proto.raw_data = data.numpy().tobytes()
+    return proto

@@ -84,6 +84,17 @@ def permute(g, node, x, dims):
     return g.op("Transpose", x, perm=[norm_dim(d, x.rank) for d in dims]) if x.rank else g.op("Identity", x)
 
 
+@lower(aten.transpose.int)
+def transpose(g, node, x, dim0, dim1):
+    """Left by export's one-trace ATen (ortlite.aot); aot_autograd's table makes it a permute."""
+    perm = list(range(x.rank))
+    if x.rank < 2:
+        return g.op("Identity", x)
+    a, b = norm_dim(dim0, x.rank), norm_dim(dim1, x.rank)
+    perm[a], perm[b] = perm[b], perm[a]
+    return g.op("Transpose", x, perm=perm)
+
+
 @lower(aten.t.default)
 def t(g, node, x):
     return g.op("Transpose", x, perm=[1, 0]) if x.rank == 2 else g.op("Identity", x)
