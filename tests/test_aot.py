@@ -338,3 +338,75 @@ def test_a_graph_with_nothing_for_onnxruntime_runs_and_saves(tmp_path):
         x = torch.randn(5, 2)
         got = model(x, 7)
         assert got[0] is x and got[1:] == (10, 8)
+
+
+class ExportComposites(torch.nn.Module):
+    """Ops torch.export's own IR keeps composite (linear, layer_norm, scaled_dot_product_attention,
+    dropout, transpose), an in-place add, and a transpose of an odd rank and negative dims."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q = self.proj(self.norm(x)).view(b, t, 2, d // 2).transpose(1, 2)
+        a = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        y = torch.nn.functional.dropout(a.transpose(-3, -2).reshape(b, t, d), 0.1, self.training)
+        y += x
+        return y, x.transpose(0, -1).sum(0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_exported_in_one_trace_where_the_table_lowers_it_all(monkeypatch, dynamic):
+    """Export straight to ATen leaves nothing to decompose: run_decompositions, a second trace of
+    the whole program that took longer than the export, is not called; the results are eager's,
+    with the sequence length changing between calls."""
+
+    def second_trace(*args, **kwargs):
+        raise AssertionError("run_decompositions called")
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", second_trace)
+    model = ExportComposites().eval()
+    shapes = ({1: Dim("t", min=2, max=64)},) if dynamic else None
+    compiled = ortlite.compile(model, (torch.randn(2, 8, 16),), dynamic_shapes=shapes)
+    for t in (8, 3, 17) if dynamic else (8,):
+        x = torch.randn(2, t, 16)
+        with torch.no_grad():
+            assert_same(compiled(x), model(x))
+
+
+def test_decomposed_where_the_table_needs_it(monkeypatch):
+    """An op outside the table (hardswish), a program from torch.export.export (its IR keeps
+    linear) and an export to ATen that fails: each goes through run_decompositions as before,
+    with eager's results."""
+    decomposed = []
+    original = torch.export.ExportedProgram.run_decompositions
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", lambda self, *a, **k: decomposed.append(1) or original(self, *a, **k))
+
+    class Hardswish(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.hardswish(x) * 2
+
+    x = torch.linspace(-5, 5, 21)
+    assert_same(ortlite.compile(Hardswish(), (x,))(x), Hardswish()(x))
+    assert decomposed == [1]
+
+    model, x = MLP().eval(), torch.randn(2, 64)
+    with torch.no_grad():
+        assert_same(ortlite.compile(torch.export.export(model, (x,)), (x,))(x), model(x))
+    assert decomposed == [1, 1]
+
+    from torch.export import _trace
+
+    def to_aten_fails(*args, pre_dispatch=True, **kwargs):
+        if not pre_dispatch:
+            raise RuntimeError("no export to ATen here")
+        return exporter(*args, pre_dispatch=pre_dispatch, **kwargs)
+
+    exporter = _trace._export
+    monkeypatch.setattr(_trace, "_export", to_aten_fails)
+    with torch.no_grad():
+        assert_same(ortlite.compile(model, (x,))(x), model(x))
+    assert decomposed == [1, 1, 1]
