@@ -18,10 +18,14 @@ aten = torch.ops.aten
 EXCLUDED = {aten._scaled_dot_product_flash_attention_for_cpu.default}
 
 
-# Lowered for ortlite.compile (export's one-trace ATen keeps them), yet still decomposed by
-# aot_autograd: its replay of output views over ONNX Runtime's compact outputs is proven on
-# permute, and a transpose left in a Qwen3-MoE training step's graph broke that replay.
-AUTOGRAD_DECOMPOSED = {aten.transpose.int}
+# Lowered for ortlite.compile, where export's one-trace ATen keeps them (ortlite.aot), yet
+# still decomposed by aot_autograd, so torch.compile's graphs stay as they were proven: its
+# replay of output views over ONNX Runtime's compact outputs is proven on permute (a transpose
+# left in a Qwen3-MoE training step's graph broke that replay), its strides on full and empty.
+AUTOGRAD_DECOMPOSED = {
+    aten.transpose.int, aten.zeros.default, aten.zeros_like.default, aten.empty_like.default,
+    aten.ones.default, aten.ones_like.default, aten.fill.Scalar, aten.floor_divide.default,
+}
 
 
 def _without_lowered(table, keep=frozenset()) -> dict:

@@ -1,5 +1,6 @@
 """ortlite.compile: the ahead-of-time path through torch.export."""
 
+import math
 import threading
 import weakref
 
@@ -10,7 +11,7 @@ import torch
 from torch.export import Dim
 
 import ortlite
-from conftest import assert_same, opaque
+from conftest import Wrap, assert_same, opaque
 from test_backend import MLP, Block
 
 torch.manual_seed(0)
@@ -410,3 +411,48 @@ def test_decomposed_where_the_table_needs_it(monkeypatch):
     with torch.no_grad():
         assert_same(ortlite.compile(model, (x,))(x), model(x))
     assert decomposed == [1, 1, 1]
+
+
+# Ops that only ortlite.compile lowers as they stand (aot_autograd decomposes them for
+# torch.compile, so the op-info sweep does not reach these lowerings): each against eager on
+# odd inputs, with the leading size static and symbolic, and called with several sizes.
+EXPORT_ONLY = {
+    "transpose": (lambda x: (x.transpose(0, -1), x.transpose(-2, 1), x.transpose(1, 1)), [(3, 4, 5), (6, 2, 1), (0, 2, 3), (1, 1, 1)]),
+    "transpose_rank1": (lambda x: x.transpose(0, -1) + 1, [(5,), (2,), (0,), (1,)]),
+    "transpose_0d": (lambda x: x[0, 0].transpose(-1, 0) * 2, [(2, 2), (5, 1)]),
+    "zeros_ones": (
+        lambda x: (torch.zeros_like(x), torch.ones_like(x.t(), dtype=torch.int32), torch.zeros(x.shape[0], 3, dtype=x.dtype), torch.ones(2, x.shape[1]) + x.sum()),
+        [(3, 4), (7, 1), (0, 4), (1, 1)],
+    ),
+    "empty_like_fill": (lambda x: (torch.empty_like(x.t()).shape[0] * x, torch.empty_like(x, dtype=torch.bool).fill_(True) & (x > 0), x.clone().fill_(2.5)), [(3, 4), (5, 2), (0, 4), (1, 1)]),
+    "floor_divide": (lambda x: (torch.floor_divide(x, 3), torch.floor_divide(x * 7, -x.flip(0) - 1)), [(6, 4), (3, 2), (0, 4), (1, 3)]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic"])
+@pytest.mark.parametrize("case", list(EXPORT_ONLY))
+def test_export_only_lowerings_match_eager(monkeypatch, case, dynamic, dtype):
+    """Static: one compile a shape (empty and size-1 included). Symbolic: one compile, called
+    with leading sizes that change (within the exported range: 2 or more)."""
+    fn, shapes = EXPORT_ONLY[case]
+    if dtype is torch.bool and case == "floor_divide":
+        pytest.skip("aten has no floor_divide of bool tensors")
+
+    def second_trace(*args, **kwargs):
+        raise AssertionError("run_decompositions called: the lowering under test was not reached")
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", second_trace)
+
+    def sample(shape):
+        values = torch.arange(math.prod(shape)).reshape(shape) * 5 - 7
+        return (values > 0) if dtype is torch.bool else values.to(dtype) / (3 if dtype.is_floating_point else 1)
+
+    if dynamic:
+        ranged = [(n, *shapes[0][1:]) for n in (shapes[0][0], 2, 9, shapes[0][0])]
+        compiled = ortlite.compile(Wrap(fn), (sample(ranged[0]),), dynamic_shapes=(({0: Dim("n", min=2, max=64)},),))  # Wrap takes *args
+        calls = [(compiled, sample(s)) for s in ranged]
+    else:
+        calls = [(ortlite.compile(Wrap(fn), (sample(s),)), sample(s)) for s in shapes]
+    for compiled, x in calls:
+        assert_same(compiled(x), fn(x), rtol=0, atol=0)

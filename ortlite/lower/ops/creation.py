@@ -33,6 +33,21 @@ def full_like(g, node, x, fill_value, **_):
     return _fill(g, node, fill_value)
 
 
+@lower(aten.zeros.default, aten.zeros_like.default, aten.empty_like.default)  # empty_like: any contents are right, zeros cost least
+def zeros(g, node, *_, **__):
+    return _fill(g, node, 0)
+
+
+@lower(aten.fill.Scalar)
+def fill(g, node, x, value):
+    return _fill(g, node, value)
+
+
+@lower(aten.ones.default, aten.ones_like.default)
+def ones(g, node, *_, **__):
+    return _fill(g, node, 1)
+
+
 @lower(aten.scalar_tensor.default)
 def scalar_tensor(g, node, value, **_):
     return _fill(g, node, value)

@@ -128,6 +128,11 @@ def div(g, node, a, b, *, rounding_mode=None):
     return _finish(g, node, quotient, dtype)
 
 
+@lower(aten.floor_divide.default, check=_int_divisor_check)
+def floor_divide(g, node, a, b):
+    return div(g, node, a, b, rounding_mode="floor")
+
+
 def _float_floor_divide(g, a, b, dtype):
     # aten's div_floor_floating: floor of (a - fmod(a, b)) / b with its sign corrections,
     # so that results agree with eager to the last bit.
