@@ -131,6 +131,14 @@ def close(got, expected):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_this_file_runs_in_one_worker(request):
+    """Its module fixtures (a Ray cluster) start once: pytest-xdist's group mark took effect
+    (with pytest 9.2 and pytest-xdist 3.8 it silently did not)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("not under pytest-xdist: one process runs every test")
+    assert request.node.nodeid.endswith("@serve"), request.node.nodeid
+
+
 def test_import_ortlite_imports_no_ray():
     code = "import sys, ortlite; assert not [m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'ortlite.serve'))], sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
