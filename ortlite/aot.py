@@ -105,7 +105,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
     cls = model_class(lowered, bool(weights), mutations, in_spec, out_spec)
     try:
-        compiled = runner_for("aot", lowered, gm, options, SessionCache(), cls=cls)
+        compiled = runner_for("aot", lowered, gm, options, SessionCache(private=True), cls=cls)
     except Exception as e:
         origin = missing_kernel_origin(e, lowered.node_origin)
         where = f" (node {origin}{_source(gm, origin)})" if origin else ""

@@ -456,3 +456,31 @@ def test_export_only_lowerings_match_eager(monkeypatch, case, dynamic, dtype):
         calls = [(ortlite.compile(Wrap(fn), (sample(s),)), sample(s)) for s in shapes]
     for compiled, x in calls:
         assert_same(compiled(x), fn(x), rtol=0, atol=0)
+
+
+def test_large_weights_reach_the_session_beside_the_serialized_model(monkeypatch, tmp_path):
+    """A weight of 1 MiB or more goes to ONNX Runtime as an external initializer, not inside the
+    serialized model (whose serializing and parsing were most of a large model's session time);
+    small ones stay in it. Results are eager's, and the saved file still holds every weight."""
+    import ortlite.session
+
+    seen = []
+    original = ortlite.session.create_session
+
+    def recording(model_bytes, options, providers, devices, disabled_optimizers=(), weights=None, unplanned=False):
+        seen.append((len(model_bytes), {n: tuple(t.shape) for n, t in (weights or {}).items()}))
+        return original(model_bytes, options, providers, devices, disabled_optimizers, weights, unplanned=unplanned)
+
+    monkeypatch.setattr(ortlite.session, "create_session", recording)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8)).eval()
+    x = torch.randn(3, 256)
+    compiled = ortlite.compile(model, (x,))
+    with torch.no_grad():
+        assert_same(compiled(x), model(x))
+    (size, weights), = seen
+    assert list(weights.values()) in ([(1024, 256)], [(256, 1024)]), weights  # the 1 MiB weight, as lowered
+    assert size < 256 * 1024, size  # the 1 MiB weight is not in the bytes; the 32 KiB one is
+    compiled.save(tmp_path / "m.onnx")
+    monkeypatch.setattr(ortlite.session, "create_session", original)
+    with torch.no_grad():
+        assert_same(ortlite.load(tmp_path / "m.onnx")(x), model(x))

@@ -699,12 +699,10 @@ def drop_unread_initializers(graph: onnx.GraphProto) -> int:
     inputs, a Split's sizes): ONNX Runtime warns on stderr for each one when it loads the
     model, with a user's SessionOptions and in plain onnxruntime. Returns the count."""
     read = set().union(*(_reads(n) for n in graph.node)) | {o.name for o in graph.output} | {i.name for i in graph.input}
-    kept = [t for t in graph.initializer if t.name in read]
-    dropped = len(graph.initializer) - len(kept)
-    if dropped:
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
-    return dropped
+    unread = [i for i, t in enumerate(graph.initializer) if t.name not in read]
+    for i in reversed(unread):  # in place: copying the kept ones took 0.36 s of BERT-base's compile
+        del graph.initializer[i]
+    return len(unread)
 
 
 def _reads(node) -> set:
