@@ -57,7 +57,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     if isinstance(model, ExportedProgram):
         program, module = model, None
     elif isinstance(model, torch.nn.Module):
-        program, module = _export_to_aten(model, tuple(args), kwargs, dynamic_shapes), model
+        program, module = export_to_aten(model, tuple(args), kwargs, dynamic_shapes), model
     else:
         raise TypeError(f"ortlite.compile takes an nn.Module or an ExportedProgram, got {type(model).__name__}")
     if _needs_decompositions(program):
@@ -114,7 +114,7 @@ def compile(  # noqa: A001 (ortlite.compile mirrors torch.compile)
     return attach(compiled, lowered, weights, weight_targets, in_spec, out_spec, mutations, buffers)
 
 
-def _export_to_aten(model: torch.nn.Module, args: tuple, kwargs, dynamic_shapes) -> ExportedProgram:
+def export_to_aten(model: torch.nn.Module, args: tuple, kwargs, dynamic_shapes, strict: bool = False) -> ExportedProgram:
     """The model exported in one trace to post-dispatch ATen: functional, its composite ops
     decomposed as dispatch decomposes them. torch.export.export's own IR keeps composite ops
     (linear, layer_norm, scaled_dot_product_attention) and in-place ones, and
@@ -125,10 +125,10 @@ def _export_to_aten(model: torch.nn.Module, args: tuple, kwargs, dynamic_shapes)
     try:
         from torch.export._trace import _export
 
-        return _export(model, args, kwargs, dynamic_shapes, strict=False, pre_dispatch=False)
+        return _export(model, args, kwargs, dynamic_shapes, strict=strict, pre_dispatch=False)
     except Exception as e:  # noqa: BLE001 (the public export below raises what the user should see)
         log.debug("ortlite.compile: export to ATen in one trace failed (%s: %s); torch.export.export", type(e).__name__, e)
-    return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
 
 
 def _needs_decompositions(program: ExportedProgram) -> bool:

@@ -52,6 +52,7 @@ def compile_static_cache_step(
             raise ValueError(f"last_logits_only: {type(model).__name__}.forward takes no logits_to_keep")
         wrapper.model = _LastPosition(model)
     from .aot import compile as aot_compile
+    from .aot import export_to_aten
 
     def compiled(length, dynamic):
         kwargs = {"input_ids": torch.zeros((batch_size, length), dtype=torch.long), "cache_position": torch.arange(length)}
@@ -60,8 +61,8 @@ def compile_static_cache_step(
             size = torch.export.Dim("sequence_length", min=least, max=max_cache_len)
             shapes = {"input_ids": {1: size}, "cache_position": {0: size}}
         with torch.no_grad():
-            # strict: torch 2.13's non-strict export of this wrapper fails later, in run_decompositions
-            program = torch.export.export(wrapper, (), kwargs, dynamic_shapes=shapes, strict=True)
+            # strict: torch 2.13's non-strict export of this wrapper failed later, in run_decompositions
+            program = export_to_aten(wrapper, (), kwargs, shapes, strict=True)
             return aot_compile(program, options=options)
 
     prompt = compiled(example_length, True)
