@@ -128,13 +128,13 @@ def without_large_initializers(model: onnx.ModelProto) -> tuple[bytes, dict[str,
     weights = {}
     for tensor in model.graph.initializer:
         dtype = ONNX_TO_TORCH.get(tensor.data_type)
-        large = tensor.HasField("raw_data") and len(tensor.raw_data) >= LARGE_INITIALIZER_BYTES
-        if dtype is None or not large or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        raw = tensor.raw_data if tensor.HasField("raw_data") else b""  # (each read of the field is a copy)
+        if dtype is None or len(raw) < LARGE_INITIALIZER_BYTES or tensor.data_location == onnx.TensorProto.EXTERNAL:
             graph.initializer.append(tensor)
             continue
         with warnings.catch_warnings():  # a read-only buffer: torch warns, and nothing writes to it
             warnings.simplefilter("ignore", UserWarning)
-            weights[tensor.name] = torch.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
+            weights[tensor.name] = torch.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.dims))
         _add_stub(graph, tensor.name, dtype, tensor.dims)
     return stubbed.SerializeToString(), weights
 
@@ -142,10 +142,9 @@ def without_large_initializers(model: onnx.ModelProto) -> tuple[bytes, dict[str,
 def _copy_fields(source, target, skip: str) -> None:
     """Every field set in the protobuf message source, but `skip`, set on target."""
     for field, value in source.ListFields():
-        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
         if field.name == skip:
             continue
-        if repeated:
+        if field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED:  # (protobuf < 6 has label)
             getattr(target, field.name).extend(value)
         elif field.message_type is not None:
             getattr(target, field.name).CopyFrom(value)
