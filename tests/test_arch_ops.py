@@ -6,7 +6,7 @@ import torch
 
 import ortlite
 
-from conftest import assert_same, check_fallback, check_lowered
+from conftest import Wrap, assert_same, check_fallback, check_lowered
 
 SOLVE = "aten.linalg_solve_triangular.default"
 
@@ -280,14 +280,5 @@ def test_llama4_rotary_of_transformers():
     check_lowered(attention_inputs, q, k, positions)
     check_lowered(attention_inputs, q, k, positions, dynamic=True)
     with torch.no_grad():
-        compiled = ortlite.compile(_Module(attention_inputs), (q, k, positions))
+        compiled = ortlite.compile(Wrap(attention_inputs), (q, k, positions))
         assert_same(compiled(q * 2, k, positions + 5), attention_inputs(q * 2, k, positions + 5))
-
-
-class _Module(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)

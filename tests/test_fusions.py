@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import ortlite
 from ortlite.lower import fusions
 
-from conftest import assert_same
+from conftest import Wrap, assert_same
 
 
 def optimized_ops(model: onnx.ModelProto) -> collections.Counter:
@@ -166,7 +166,6 @@ def test_attention_is_onnx_attention_and_matches_eager(case):
         ]
     for call in calls:
         assert_same(compiled(*call), module(*call), rtol=1e-5, atol=1e-5)
-
 
 
 class ConstantMask(torch.nn.Module):
@@ -377,18 +376,9 @@ def test_cat_with_an_empty_part_copies_nothing():
     """An empty KV cache's first update (GPT-2's): the empty part is left out, no Concat."""
     fn = lambda cache, k: torch.cat([cache, k], -2) * 2  # noqa: E731
     cache, k = torch.randn(1, 4, 0, 8), torch.randn(1, 4, 5, 8)
-    compiled = ortlite.compile(_Fn(fn), (cache, k))
+    compiled = ortlite.compile(Wrap(fn), (cache, k))
     assert not any(n.op_type == "Concat" for n in compiled.onnx_model.graph.node)
     assert_same(compiled(cache, k), fn(cache, k))
-
-
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def test_max_pool_with_indices_of_windows_of_minus_inf():

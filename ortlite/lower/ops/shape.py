@@ -87,9 +87,9 @@ def permute(g, node, x, dims):
 @lower(aten.transpose.int)
 def transpose(g, node, x, dim0, dim1):
     """Left by export's one-trace ATen (ortlite.aot); aot_autograd's table makes it a permute."""
-    perm = list(range(x.rank))
     if x.rank < 2:
         return g.op("Identity", x)
+    perm = list(range(x.rank))
     a, b = norm_dim(dim0, x.rank), norm_dim(dim1, x.rank)
     perm[a], perm[b] = perm[b], perm[a]
     return g.op("Transpose", x, perm=perm)
